@@ -1,0 +1,41 @@
+"""The ``foundation`` command. Each subcommand lives in its own module with its own
+argparse ``main(argv)``; this file only dispatches, importing lazily so that
+``foundation --help`` stays fast."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+# (words, module, description)
+COMMANDS = [
+    (("train",), "foundation.engine.cli:train_main", "train from a YAML config: foundation train CONFIG [key=value ...]"),
+    (("eval",), "foundation.engine.cli:eval_main", "evaluate a checkpoint: foundation eval CONFIG checkpoint=PATH"),
+    (("plot",), "foundation.engine.cli:plot_main", "draw a run's loss/metric curves: foundation plot RUN_DIR"),
+    (("probe", "update"), "foundation.probe:main", "DeepNet model-update measurement per norm and depth"),
+    (("bench", "backbone"), "foundation.bench:main", "time our backbone against timm and torchscale"),
+]
+
+
+def usage() -> str:
+    lines = ["usage: foundation COMMAND [args]", "", "commands:"]
+    for words, _, doc in COMMANDS:
+        lines.append(f"  {' '.join(words):<18} {doc}")
+    lines.append("\n`foundation COMMAND --help` describes each command.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    for words, target, _ in COMMANDS:
+        if tuple(argv[: len(words)]) == words:
+            module, func = target.split(":")
+            return getattr(importlib.import_module(module), func)(argv[len(words):]) or 0
+    print(usage(), file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
+    if argv and argv[0] not in ("-h", "--help"):
+        print(f"\nfoundation: unknown command {' '.join(argv[:2])!r}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,185 @@
+"""Typed, validated configs: dataclasses in, YAML on disk, errors that name the field.
+
+Type checking and unknown-key detection come from OmegaConf's structured configs; the
+semantic checks (a norm that exists, heads that divide dim, ...) live in __post_init__.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional, Type, TypeVar
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from foundation.scaling import ARCHS, NORMS
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config field is unknown, mistyped or out of range; the message names it."""
+
+
+def build(cls: Type[T], *sources: Any, where: str = "config") -> T:
+    """Build dataclass ``cls`` from dicts / OmegaConf nodes / dotted ``key=value`` lists,
+    later sources overriding earlier ones. ``where`` (e.g. a file name) prefixes errors."""
+    try:
+        merged = OmegaConf.structured(cls)
+        for src in sources:
+            if isinstance(src, (list, tuple)):
+                src = OmegaConf.from_dotlist(list(src))
+            merged = OmegaConf.merge(merged, src)
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        msg = str(e).splitlines()[0]
+        raise ConfigError(f"{where}: field {key!r}: {msg}" if key else f"{where}: {msg}") from None
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def load_yaml(cls: Type[T], path: str | Path, overrides: list[str] | None = None) -> T:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = OmegaConf.load(path)
+    except Exception as e:  # yaml syntax errors
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    return build(cls, data, overrides or [], where=str(path))
+
+
+def to_dict(cfg: Any) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+
+
+def save_yaml(cfg: Any, path: str | Path) -> None:
+    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+@dataclass
+class BackboneConfig:
+    """The shared Transformer backbone. ``norm`` picks the residual/normalisation rule:
+
+    preln     x + f(LN(x))                               (ViT, GPT)
+    postln    LN(a x + f(x)), a = residual_scale or 1    (BERT; FoundationLayerNorm: a=0.974)
+    magneto   x + f(LN(x)), f with Sub-LN inside, W_v/W_o/W_1/W_2 init times gamma
+    deepnorm  LN(alpha x + f(x)), W_v/W_o/W_1/W_2 init times beta (DeepNet)
+    """
+
+    dim: int = 768
+    depth: int = 12  # encoder layers (N); decoder layers for arch="decoder"
+    heads: int = 12
+    ffn_dim: Optional[int] = None  # default 4 * dim
+    norm: str = "magneto"
+    arch: str = "encoder"  # encoder | decoder (causal) | encoder_decoder
+    decoder_depth: Optional[int] = None  # M for encoder_decoder; default = depth
+    # multiway: one copy of every per-modality module per expert, e.g. ["vision", "text"]
+    experts: List[str] = field(default_factory=list)
+    vl_expert_layers: int = 0  # top-K layers get a shared "vl" FFN expert for mixed input (BEiT-3)
+    activation: str = "gelu"  # exact (erf) GELU
+    layernorm_eps: float = 1e-5
+    qkv_bias: bool = True
+    dropout: float = 0.0
+    attn_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    drop_path: float = 0.0  # stochastic depth, rising linearly from 0 to this over the layers
+    layer_scale: Optional[float] = None  # initial value of per-channel residual scales (CaiT/BEiT)
+    rel_pos: str = "none"  # none | 1d (bucketed, torchscale/T5) | 2d (BEiT patch grid)
+    rel_pos_buckets: int = 32
+    rel_pos_max_distance: int = 128
+    rel_pos_grid: Optional[List[int]] = None  # (rows, cols) of patches for rel_pos="2d"
+    rel_pos_prefix: int = 1  # tokens before the patch grid (class token) for rel_pos="2d"
+    final_norm: bool = True  # LN after the last layer (preln / magneto only)
+    residual_scale: Optional[float] = None  # override alpha (FoundationLayerNorm: 0.974)
+    init_gain: Optional[float] = None  # override gamma / beta (Upscale-LN: 1.0)
+    init_variant: str = "paper"  # paper | torchscale (bias scaling, 1/1.15 enc-dec encoder beta)
+    checkpoint_activations: bool = False
+
+    def __post_init__(self) -> None:
+        def bad(name: str, msg: str) -> ConfigError:
+            return ConfigError(f"field {name!r}: {msg} (got {getattr(self, name)!r})")
+
+        if self.norm not in NORMS:
+            raise bad("norm", f"must be one of {', '.join(NORMS)}")
+        if self.arch not in ARCHS:
+            raise bad("arch", f"must be one of {', '.join(ARCHS)}")
+        for name in ("dim", "depth", "heads"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        if self.dim % self.heads:
+            raise bad("heads", f"must divide dim={self.dim}")
+        if self.ffn_dim is None:
+            self.ffn_dim = 4 * self.dim
+        if self.ffn_dim < 1:
+            raise bad("ffn_dim", "must be >= 1")
+        if self.decoder_depth is not None and self.arch != "encoder_decoder":
+            raise bad("decoder_depth", "is only used with arch='encoder_decoder'")
+        if self.arch == "encoder_decoder" and self.decoder_depth is None:
+            self.decoder_depth = self.depth
+        if len(set(self.experts)) != len(self.experts) or "vl" in self.experts:
+            raise bad("experts", "names must be unique and 'vl' is reserved for the shared expert")
+        if self.experts and self.arch != "encoder":
+            raise bad("experts", "multiway experts are supported for arch='encoder'")
+        if not 0 <= self.vl_expert_layers <= self.depth or (self.vl_expert_layers and len(self.experts) < 2):
+            raise bad("vl_expert_layers", "must be within [0, depth] and needs at least two experts")
+        if self.activation not in ("gelu", "relu", "swish"):
+            raise bad("activation", "must be gelu, relu or swish")
+        for name in ("dropout", "attn_dropout", "activation_dropout", "drop_path"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise bad(name, "must be in [0, 1)")
+        if self.rel_pos not in ("none", "1d", "2d"):
+            raise bad("rel_pos", "must be none, 1d or 2d")
+        if self.rel_pos == "2d" and (self.rel_pos_grid is None or len(self.rel_pos_grid) != 2):
+            raise bad("rel_pos_grid", "rel_pos='2d' needs the patch grid as [rows, cols]")
+        if self.init_variant not in ("paper", "torchscale"):
+            raise bad("init_variant", "must be paper or torchscale")
+
+    @property
+    def pre_norm(self) -> bool:
+        """LN on the branch input (preln / magneto) rather than after the sum."""
+        return self.norm in ("preln", "magneto")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> "BackboneConfig":
+        return load_yaml(cls, path, overrides)
+
+    @classmethod
+    def from_dict(cls, data: dict, where: str = "backbone config") -> "BackboneConfig":
+        return build(cls, data, where=where)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "BackboneConfig":
+        """A named preset (see PRESETS), with field overrides."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; known: {', '.join(sorted(PRESETS))}")
+        return build(cls, {**PRESETS[name], **overrides}, where=f"preset {name!r}")
+
+    def to_yaml(self, path: str | Path) -> None:
+        save_yaml(self, path)
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+    def replace(self, **changes: Any) -> "BackboneConfig":
+        return build(BackboneConfig, {**self.to_dict(), **changes}, where="backbone config")
+
+
+# Sizes follow the ViT tables (tiny/small/base/large); the two normalisation presets
+# come from papers/foundation-layernorm.txt.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": dict(dim=192, depth=12, heads=3),
+    "small": dict(dim=384, depth=12, heads=6),
+    "base": dict(dim=768, depth=12, heads=12),
+    "large": dict(dim=1024, depth=24, heads=16),
+    # FoundationLayerNorm: Post-LN with a constant residual weight of 0.974.
+    "foundation_ln": dict(norm="postln", residual_scale=0.974),
+    # Upscale-LN: DeepNorm's alpha on the shortcut, no beta on the init.
+    "upscale_ln": dict(norm="deepnorm", init_gain=1.0),
+}
+
+
+def fields_of(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
