@@ -280,7 +280,8 @@ def test_loading_a_different_norm_is_refused(tmp_path):
     from foundation import Backbone, BackboneConfig
     from foundation.checkpoint import CheckpointError, load_state_into, save
 
-    pre = Backbone(BackboneConfig(dim=32, depth=2, heads=4, norm="preln"))
+    # same keys and shapes: Pre-LN without its final LN vs Post-LN
+    pre = Backbone(BackboneConfig(dim=32, depth=2, heads=4, norm="preln", final_norm=False))
     post = Backbone(BackboneConfig(dim=32, depth=2, heads=4, norm="postln"))
     save(pre, tmp_path / "pre.safetensors")
     before = {k: v.clone() for k, v in post.state_dict().items()}
