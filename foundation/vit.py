@@ -159,3 +159,70 @@ class VisionTransformer(nn.Module):
 
     def get_classifier(self) -> nn.Module:
         return self.head
+
+
+# --------------------------------------------------------------------------- timm registry
+# `import foundation` registers these, so `timm.create_model("magneto_base_patch16_224")`
+# works like any timm model, including `pretrained=True,
+# pretrained_cfg_overlay=dict(file="our.safetensors")` (timm reads safetensors itself).
+# Sizes are ViT's (DeiT for tiny/small); `preln_*` are the Pre-LN (ViT) twins.
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model  # noqa: E402
+
+_SIZES = {"tiny": (192, 12, 3), "small": (384, 12, 6), "base": (768, 12, 12), "large": (1024, 24, 16)}
+
+
+def _timm_cfg(**kw):
+    return {
+        "url": "", "num_classes": 1000, "input_size": (3, 224, 224), "pool_size": None,
+        "crop_pct": 0.9, "interpolation": "bicubic", "fixed_input_size": True,
+        "mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225),
+        "first_conv": "patch_embed.proj", "classifier": "head", "license": "mit", **kw,
+    }
+
+
+def _build_from_timm_kwargs(norm: str, size: str, **kwargs) -> VisionTransformer:
+    """timm's create_model keywords -> our config (unknown keywords are errors)."""
+    dim, depth, heads = _SIZES[size]
+    backbone = dict(dim=dim, depth=depth, heads=heads, norm=norm,
+                    drop_path=kwargs.pop("drop_path_rate", 0.0), dropout=kwargs.pop("drop_rate", 0.0),
+                    attn_dropout=kwargs.pop("attn_drop_rate", 0.0), layer_scale=kwargs.pop("init_values", None))
+    backbone.update(kwargs.pop("backbone", {}))
+    vit = {k: kwargs.pop(k) for k in list(kwargs) if k in ViTConfig.__dataclass_fields__}
+    size_in = vit.get("img_size")
+    if isinstance(size_in, (tuple, list)):  # timm passes (H, W) from the pretrained cfg
+        if len(set(size_in)) != 1:
+            raise ValueError(f"img_size: square images only, got {tuple(size_in)}")
+        vit["img_size"] = size_in[0]
+    if kwargs:
+        raise TypeError(f"{norm}_{size}_patch16_224: unexpected keyword(s) {sorted(kwargs)}")
+    return VisionTransformer(ViTConfig.from_dict(dict(backbone=backbone, patch_size=16, **vit)))
+
+
+def _create(variant: str, pretrained: bool, **kwargs) -> VisionTransformer:
+    norm, size = variant.split("_")[:2]
+    kwargs.pop("pretrained_cfg", None)
+    return build_model_with_cfg(
+        lambda **kw: _build_from_timm_kwargs(norm, size, **kw), variant, pretrained,
+        pretrained_strict=True, feature_cfg=dict(out_indices=3, feature_cls="getter"), **kwargs,
+    )
+
+
+default_cfgs = generate_default_cfgs(
+    {f"{norm}_{size}_patch16_224": _timm_cfg() for norm in ("magneto", "preln") for size in _SIZES}
+)
+
+
+def _factory(name: str):
+    def create(pretrained: bool = False, **kwargs) -> VisionTransformer:
+        return _create(name, pretrained, **kwargs)
+
+    create.__name__ = name
+    create.__doc__ = f"{name}: {'Magneto (Sub-LN + gamma init)' if name.startswith('magneto') else 'Pre-LN (ViT)'} " \
+                     f"{name.split('_')[1]}, patch 16, 224x224."
+    create.__module__ = __name__
+    return register_model(create)
+
+
+for _norm in ("magneto", "preln"):
+    for _size in _SIZES:
+        globals()[f"{_norm}_{_size}_patch16_224"] = _factory(f"{_norm}_{_size}_patch16_224")
