@@ -55,9 +55,10 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(dropout)
 
     def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
-        # (B, T, n*D) -> n tensors of (B, H, T, hd)
+        # (B, T, n*D) -> n tensors of (B, H, T, hd); unbind before transposing saves a
+        # (B, T, n*D) copy in backward
         B, T, _ = t.shape
-        return t.view(B, T, n, self.heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return [u.transpose(1, 2) for u in t.view(B, T, n, self.heads, self.head_dim).unbind(2)]
 
     def forward(
         self,
