@@ -11,9 +11,37 @@ COMMANDS = [
     (("train",), "foundation.engine.cli:train_main", "train from a YAML config: foundation train CONFIG [key=value ...]"),
     (("eval",), "foundation.engine.cli:eval_main", "evaluate a checkpoint: foundation eval CONFIG checkpoint=PATH"),
     (("plot",), "foundation.engine.cli:plot_main", "draw a run's loss/metric curves: foundation plot RUN_DIR"),
+    (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),
     (("probe", "update"), "foundation.probe:main", "DeepNet model-update measurement per norm and depth"),
     (("bench", "backbone"), "foundation.bench:main", "time our backbone against timm and torchscale"),
 ]
+
+
+# demo data sets -> the task module that generates them (found by name, like tasks in configs)
+DEMO_DATA = {
+    "vision": "tasks.classification.demo",
+    "segmentation": "tasks.segmentation.demo",
+    "speech": "tasks.asr.demo",
+    "vl": "tasks.vqa.demo",
+}
+
+
+def data_make_main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: foundation data make {" + ",".join(DEMO_DATA) + "} --out DIR [--seed N] [...]")
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in DEMO_DATA:
+        print(f"foundation data make: unknown data set {name!r}; known: {', '.join(DEMO_DATA)}", file=sys.stderr)
+        return 2
+    try:
+        module = importlib.import_module(DEMO_DATA[name])
+    except ModuleNotFoundError as e:
+        if e.name and DEMO_DATA[name].startswith(e.name):
+            print(f"foundation data make: the {name!r} generator ({DEMO_DATA[name]}) is not installed", file=sys.stderr)
+            return 2
+        raise
+    return module.main(rest) or 0
 
 
 def usage() -> str:
