@@ -20,7 +20,8 @@ class Stack(nn.Module):
     def __init__(self, cfg: BackboneConfig, depth: int, *, alpha: float, causal: bool, cross: bool):
         super().__init__()
         self.causal, self.checkpointing = causal, cfg.checkpoint_activations
-        rates = torch.linspace(0, cfg.drop_path, depth).tolist() if depth > 1 else [cfg.drop_path]
+        # plain Python, so the model can also be built on the meta device (FSDP)
+        rates = [cfg.drop_path * i / (depth - 1) for i in range(depth)] if depth > 1 else [cfg.drop_path]
         self.layers = nn.ModuleList(
             Block(cfg, alpha=alpha, cross=cross, drop_path=rates[i],
                   vl_expert=i >= depth - cfg.vl_expert_layers)
