@@ -1,0 +1,12 @@
+"""The training engine: one plain PyTorch loop for every task (see ``loop.py``).
+
+    foundation train CONFIG [key=value ...]    loop.train via cli.train_main
+    foundation eval CONFIG checkpoint=PATH      loop.evaluate
+    foundation plot RUN_DIR                     plot.plot_run
+
+Tasks plug in through the contract in ``task.py``; configs are the dataclasses in
+``config.py``.
+"""
+from foundation.engine.task import Task, get_task, register_task
+
+__all__ = ["Task", "get_task", "register_task"]

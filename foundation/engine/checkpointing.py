@@ -1,0 +1,181 @@
+"""Training checkpoints for exact resume, written so that a crash never costs the last one.
+
+Layout of a run directory::
+
+    config.yaml                    the resolved config
+    metrics.jsonl, tb/             logs
+    ckpt/step_000100/
+        model.safetensors          weights + model config (foundation.checkpoint.save)
+        state.pt                   optimizer, scheduler, scaler, EMA, data position, RNG,
+                                   counters: tensors and plain containers only, read with
+                                   torch.load(weights_only=True)
+        rng_rank1.pt ...           the other processes' RNG states
+    last                           pointer file: "ckpt/step_000100"
+    best/model.safetensors, best/metrics.json
+
+A checkpoint is written into ``ckpt/.tmp-step_000100``, synced, then renamed: a step
+directory either exists whole or not at all. ``last`` is replaced atomically after the
+rename, and only then are checkpoints beyond the newest ``keep`` removed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from foundation.engine import distributed
+from foundation.engine.distributed import Env
+
+STEP_DIR = re.compile(r"^step_(\d+)$")
+MODEL_FILE, STATE_FILE = "model.safetensors", "state.pt"
+
+
+def write_atomic(path: Path, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` a file beside ``path``, fsync it, rename it over ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        _fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync(path.parent)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    write_atomic(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def _fsync(path: str | Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's random states, as tensors and plain values."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def step_of(path: Path) -> int:
+    m = STEP_DIR.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
+class Checkpointer:
+    def __init__(self, run_dir: Path, keep: int, env: Env):
+        self.run_dir, self.keep, self.env = Path(run_dir), keep, env
+        self.ckpt_dir = self.run_dir / "ckpt"
+
+    def complete(self) -> list[Path]:
+        """Finished checkpoints, oldest first."""
+        if not self.ckpt_dir.is_dir():
+            return []
+        found = [p for p in self.ckpt_dir.iterdir() if STEP_DIR.match(p.name) and (p / MODEL_FILE).is_file()
+                 and (p / STATE_FILE).is_file()]
+        return sorted(found, key=step_of)
+
+    def latest(self) -> Path | None:
+        """The checkpoint ``last`` names; the newest complete one if the pointer is stale."""
+        pointer = self.run_dir / "last"
+        if pointer.is_file():
+            target = self.run_dir / pointer.read_text().strip()
+            if (target / MODEL_FILE).is_file() and (target / STATE_FILE).is_file():
+                return target
+        done = self.complete()
+        return done[-1] if done else None
+
+    def clean(self) -> None:
+        """Remove what an interrupted write or prune left behind (rank 0, at start)."""
+        if self.env.is_main and self.ckpt_dir.is_dir():
+            for p in self.ckpt_dir.iterdir():
+                if p.name.startswith((".tmp-", ".trash-")):
+                    shutil.rmtree(p, ignore_errors=True)
+
+    def save(self, step: int, write_model: Callable[[Path], None], state: dict[str, Any]) -> Path:
+        """Collective: every rank calls it. Rank 0 writes the weights (``write_model``) and
+        ``state``; the other ranks add their RNG state."""
+        name = f"step_{step:06d}"
+        final, tmp = self.ckpt_dir / name, self.ckpt_dir / f".tmp-{name}"
+        if self.env.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        distributed.barrier()
+        if self.env.is_main:
+            write_model(tmp / MODEL_FILE)
+            torch.save(state, tmp / STATE_FILE)
+            _fsync(tmp / STATE_FILE)
+        else:
+            path = tmp / f"rng_rank{self.env.rank}.pt"
+            torch.save(rng_state(), path)
+            _fsync(path)
+        distributed.barrier()
+        if self.env.is_main:
+            _fsync(tmp)
+            if final.exists():  # the same step saved again (e.g. stop_at then resume): replace it
+                trash = self.ckpt_dir / f".trash-{name}"
+                os.rename(final, trash)
+                shutil.rmtree(trash, ignore_errors=True)
+            os.rename(tmp, final)
+            _fsync(self.ckpt_dir)
+            write_text_atomic(self.run_dir / "last", f"ckpt/{name}\n")
+            self._prune(keep=final)
+        distributed.barrier()
+        return final
+
+    def _prune(self, keep: Path) -> None:
+        for old in self.complete()[:-self.keep]:
+            if old != keep:
+                trash = self.ckpt_dir / f".trash-{old.name}"
+                os.rename(old, trash)  # atomic: a half-deleted checkpoint is never "complete"
+                shutil.rmtree(trash, ignore_errors=True)
+
+    def load_state(self, path: Path) -> dict[str, Any]:
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        if self.env.rank > 0:
+            own = path / f"rng_rank{self.env.rank}.pt"
+            state["rng"] = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else None
+        return state
+
+    def save_best(self, write_model: Callable[[Path], None], info: dict[str, Any]) -> None:
+        """Rank 0: best/model.safetensors, then best/metrics.json naming its step."""
+        best = self.run_dir / "best"
+        best.mkdir(parents=True, exist_ok=True)
+        write_model(best / MODEL_FILE)
+        write_text_atomic(best / "metrics.json", json.dumps(info, indent=2) + "\n")

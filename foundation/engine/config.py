@@ -1,0 +1,295 @@
+"""The training config: one YAML file, checked completely before any work starts.
+
+    run_name: seq2seq-tiny          # run directory: <output_dir>/<run_name>
+    backbone: {dim: 32, depth: 2, heads: 4, arch: encoder_decoder}
+    tasks:
+      - {name: seq2seq, weight: 1.0, problem: reverse}   # + the task's own fields
+    optim: {lr: 1.0e-3, layer_decay: 0.75}
+    schedule: {name: cosine, warmup_steps: 10}
+    train: {steps: 100, batch_size: 32}
+
+Every section is a dataclass below; an unknown key, a wrong type or a bad value raises
+``ConfigError`` naming the key. Command-line overrides are dotted ``key=value`` pairs
+(``optim.lr=3e-4``, ``tasks.0.problem=sort`` or ``tasks.seq2seq.problem=sort``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from foundation.config import BackboneConfig, ConfigError, build, to_dict
+from foundation.engine.task import Task, get_task, known_tasks
+
+SCHEDULES = ("cosine", "linear", "poly", "constant")
+MIXES = ("sum", "sample", "round_robin")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+STRATEGIES = ("ddp", "fsdp")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def _check(ok: bool, key: str, value: Any, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"field {key!r}: {msg} (got {value!r})")
+
+
+@dataclass
+class OptimConfig:
+    """AdamW; ``layer_decay`` d gives layer i of L blocks the lr scale d ** (L + 1 - i)
+    (embeddings i = 0, the head i = L + 1), as BEiT does."""
+
+    lr: float = 1e-3  # peak learning rate (after warmup)
+    weight_decay: float = 0.05  # never applied to 1-d parameters (biases, norms)
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    layer_decay: Optional[float] = None
+    clip_grad: Optional[float] = 1.0  # max global grad norm; null = no clipping
+    no_weight_decay: List[str] = field(default_factory=list)  # extra fnmatch name patterns
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", self.betas,
+               "must be two numbers in [0, 1)")
+        _check(self.layer_decay is None or 0 < self.layer_decay <= 1, "optim.layer_decay", self.layer_decay,
+               "must be in (0, 1]")
+        _check(self.clip_grad is None or self.clip_grad > 0, "optim.clip_grad", self.clip_grad, "must be > 0 or null")
+
+
+@dataclass
+class ScheduleConfig:
+    """Linear warmup from 0, then ``name`` down to ``min_lr`` at ``train.steps``."""
+
+    name: str = "cosine"  # cosine | linear | poly | constant
+    warmup_steps: int = 0
+    min_lr: float = 0.0  # absolute, like timm / BEiT (scaled by each group's layer decay)
+    power: float = 1.0  # for poly
+
+    def __post_init__(self) -> None:
+        _check(self.name in SCHEDULES, "schedule.name", self.name, f"must be one of {', '.join(SCHEDULES)}")
+        _check(self.warmup_steps >= 0, "schedule.warmup_steps", self.warmup_steps, "must be >= 0")
+        _check(self.min_lr >= 0, "schedule.min_lr", self.min_lr, "must be >= 0")
+
+
+@dataclass
+class LoopConfig:
+    steps: int = 1000  # optimizer steps
+    batch_size: int = 32  # per process and micro-step; global = batch_size * processes * grad_accum
+    grad_accum: int = 1
+    # multi-task: sum = every step one batch of every task, loss = sum of weight * loss;
+    # sample = one task per step drawn with probability ~ weight; round_robin = in turn
+    mix: str = "sum"
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
+    strategy: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per block)
+    compile: bool = False  # torch.compile the model
+    ema: Optional[float] = None  # EMA decay of the weights, e.g. 0.9999
+    max_nonfinite: int = 10  # stop after this many non-finite steps in a row
+    num_workers: int = 0  # DataLoader workers per process
+    stop_at: Optional[int] = None  # end this invocation after this step (checkpointed); resume goes on
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "max_nonfinite"):
+            _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
+        _check(self.mix in MIXES, "train.mix", self.mix, f"must be one of {', '.join(MIXES)}")
+        _check(self.precision in PRECISIONS, "train.precision", self.precision, f"must be one of {', '.join(PRECISIONS)}")
+        _check(self.strategy in STRATEGIES, "train.strategy", self.strategy, f"must be one of {', '.join(STRATEGIES)}")
+        _check(self.ema is None or 0 < self.ema < 1, "train.ema", self.ema, "must be in (0, 1) or null")
+        _check(self.num_workers >= 0, "train.num_workers", self.num_workers, "must be >= 0")
+        _check(self.stop_at is None or self.stop_at >= 1, "train.stop_at", self.stop_at, "must be >= 1 or null")
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # steps between evaluations; 0 = only at the end
+    batch_size: Optional[int] = None  # default: train.batch_size
+    max_batches: Optional[int] = None  # per task and process; null = the whole eval set
+    best: Optional[str] = None  # "task_id/metric" that picks best/; default: first task's primary
+    best_mode: str = "auto"  # max | min | auto (the task's direction for its primary metric, else max)
+    ema: bool = True  # evaluate the EMA weights when train.ema is set
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "eval.every", self.every, "must be >= 0")
+        _check(self.best_mode in ("auto", "max", "min"), "eval.best_mode", self.best_mode, "must be auto, max or min")
+        _check(self.batch_size is None or self.batch_size >= 1, "eval.batch_size", self.batch_size, "must be >= 1")
+        _check(self.max_batches is None or self.max_batches >= 1, "eval.max_batches", self.max_batches, "must be >= 1")
+
+
+@dataclass
+class SaveConfig:
+    every: int = 0  # steps between checkpoints; 0 = only at the end
+    keep: int = 3  # the last K checkpoints are kept (best/ separately)
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 0, "save.every", self.every, "must be >= 0")
+        _check(self.keep >= 1, "save.keep", self.keep, "must be >= 1")
+
+
+@dataclass
+class LogConfig:
+    every: int = 1  # steps between metrics.jsonl / TensorBoard records
+    progress: bool = True  # tqdm progress bar on rank 0
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        _check(self.every >= 1, "log.every", self.every, "must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    run_name: Optional[str] = None  # default: the config file's name
+    output_dir: str = "checkpoints"
+    seed: int = 0
+    device: str = "auto"  # auto | cpu | cuda
+    backbone: BackboneConfig = field(default_factory=BackboneConfig)
+    init_from: Optional[str] = None  # safetensors with pretrained backbone weights
+    tasks: List[Dict[str, Any]] = field(default_factory=list)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    save: SaveConfig = field(default_factory=SaveConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    resume: bool = False  # continue the run in <output_dir>/<run_name> from its last checkpoint
+    overwrite: bool = False  # replace an existing run directory instead of refusing
+    checkpoint: Optional[str] = None  # `foundation eval`: a run dir, checkpoint dir or .safetensors
+
+    def __post_init__(self) -> None:
+        _check(self.device in DEVICES, "device", self.device, f"must be one of {', '.join(DEVICES)}")
+        _check(not (self.resume and self.overwrite), "overwrite", self.overwrite, "cannot be combined with resume=true")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / (self.run_name or "run")
+
+
+@dataclass
+class TaskEntry:
+    """The keys of a ``tasks:`` item that belong to the engine; the rest are the task's."""
+
+    name: str
+    id: Optional[str] = None  # tells two entries of one task apart (default: name)
+    weight: float = 1.0
+    batch_size: Optional[int] = None  # default: train.batch_size
+
+
+ENTRY_KEYS = tuple(TaskEntry.__dataclass_fields__)
+
+
+@dataclass
+class TaskSpec:
+    """A validated ``tasks:`` item."""
+
+    id: str
+    name: str
+    weight: float
+    batch_size: Optional[int]
+    cls: type
+    config: Any  # an instance of cls.Config
+
+    def task(self, backbone: BackboneConfig) -> Task:
+        return self.cls(self.config, backbone)
+
+    def entry(self, engine_keys: bool = True) -> dict:
+        out = {"name": self.name, "id": self.id}
+        if engine_keys:
+            out.update(weight=self.weight, batch_size=self.batch_size)
+        return {**out, **to_dict(self.config)}
+
+
+def task_specs(entries: Sequence[Mapping[str, Any]], where: str = "config") -> list[TaskSpec]:
+    if not entries:
+        raise ConfigError(f"{where}: field 'tasks': list at least one task (known tasks: {', '.join(known_tasks())})")
+    specs: list[TaskSpec] = []
+    for i, item in enumerate(entries):
+        here = f"{where}: tasks[{i}]"
+        if not isinstance(item, Mapping) or "name" not in item:
+            raise ConfigError(f"{here}: each task needs a 'name' (known tasks: {', '.join(known_tasks())})")
+        engine = build(TaskEntry, {k: v for k, v in item.items() if k in ENTRY_KEYS}, where=here)
+        try:
+            cls = get_task(engine.name)
+        except ConfigError as e:
+            raise ConfigError(f"{here}: field 'name': {e}") from None
+        fields = {k: v for k, v in item.items() if k not in ENTRY_KEYS}
+        config = build(cls.Config, fields, where=f"{here} ({engine.name})")
+        spec = TaskSpec(engine.id or engine.name, engine.name, engine.weight, engine.batch_size, cls, config)
+        try:
+            _check(engine.weight > 0, "weight", engine.weight, "must be > 0")
+            _check(engine.batch_size is None or engine.batch_size >= 1, "batch_size", engine.batch_size, "must be >= 1")
+            _check(spec.id.isidentifier(), "id", spec.id, "must be a name (letters, digits, _)")
+            _check(spec.id not in [s.id for s in specs], "id", spec.id, "two tasks have this id; give one another")
+        except ConfigError as e:
+            raise ConfigError(f"{here}: {e}") from None
+        specs.append(spec)
+    return specs
+
+
+def apply_override(raw: DictConfig, item: str, where: str = "command line") -> None:
+    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists)."""
+    key, eq, value = item.partition("=")
+    key = key.strip().lstrip("-")
+    if not eq or not key:
+        raise ConfigError(f"{where}: override {item!r} is not key=value")
+    parts = key.split(".")
+    if parts[0] == "tasks" and len(parts) > 1 and not parts[1].isdigit():
+        ids = [str(t.get("id") or t.get("name")) for t in raw.get("tasks") or []]
+        if parts[1] not in ids:
+            raise ConfigError(f"{where}: override {item!r}: no task {parts[1]!r} in the config (tasks: {', '.join(ids)})")
+        parts[1] = str(ids.index(parts[1]))
+    try:
+        parsed = OmegaConf.from_dotlist([f"value={value}"])["value"]
+        OmegaConf.update(raw, ".".join(parts), parsed, merge=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{where}: override {item!r}: {str(e).splitlines()[0]}") from None
+
+
+def load_config(path: str | Path, overrides: Sequence[str] = (), *, check_data: bool = True) -> tuple[TrainConfig, list[TaskSpec]]:
+    """Read, override and validate a training config: types, values, tasks, paths.
+
+    Returns the config (its ``tasks`` normalised to full entries, as saved in the run
+    directory) and the task specs. Everything that can be checked without training is.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = OmegaConf.load(path)
+    except Exception as e:  # yaml syntax errors
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    for item in overrides:
+        apply_override(raw, item)
+    return resolve(raw, where=str(path), default_name=path.stem, check_data=check_data)
+
+
+def resolve(raw: Any, *, where: str = "config", default_name: str = "run", check_data: bool = True) -> tuple[TrainConfig, list[TaskSpec]]:
+    """Validate a config tree (dict / OmegaConf / TrainConfig) into (TrainConfig, specs)."""
+    if isinstance(raw, TrainConfig):
+        raw = to_dict(raw)
+    if isinstance(raw, (Mapping, DictConfig)):
+        backbone = raw.get("backbone")
+        if backbone is not None:  # first alone, so that its semantic errors name the section
+            build(BackboneConfig, backbone, where=f"{where}: backbone")
+    cfg = build(TrainConfig, raw, where=where)
+    cfg.run_name = cfg.run_name or default_name
+    specs = task_specs(cfg.tasks, where)
+    cfg.tasks = [s.entry() for s in specs]
+    for name in ("init_from", "checkpoint"):
+        value = getattr(cfg, name)
+        if value is not None and not Path(value).exists():
+            raise ConfigError(f"{where}: field {name!r}: not found: {value}")
+    if cfg.eval.best is not None:
+        task_id, _, metric = cfg.eval.best.partition("/")
+        if task_id not in [s.id for s in specs] or not metric:
+            raise ConfigError(f"{where}: field 'eval.best': must be 'task_id/metric' with task_id one of "
+                              f"{', '.join(s.id for s in specs)} (got {cfg.eval.best!r})")
+    if check_data:
+        for i, spec in enumerate(specs):
+            try:
+                spec.task(cfg.backbone).check()
+            except ConfigError as e:
+                raise ConfigError(f"{where}: tasks[{i}] ({spec.name}): {e}") from None
+    return cfg, specs

@@ -1,0 +1,126 @@
+"""Data order as a function of (seed, epoch): resumable, sharded streams of micro-batches.
+
+Global micro-batch g of an epoch is ``perm[g*B*W : (g+1)*B*W]`` of the epoch's
+permutation (B = per-process batch, W = processes) and rank r takes its r-th slice of B.
+So one process with batch 8 sees, per step, exactly the samples two processes with
+batch 4 see together, and a stream resumes at (epoch, micro-batch) without replaying.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from foundation.config import ConfigError
+
+
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch))
+
+
+class ShardBatchSampler:
+    """This rank's index lists for one epoch, from micro-batch ``start`` on (drop last)."""
+
+    def __init__(self, n: int, batch_size: int, rank: int, world: int, seed: int, epoch: int, start: int = 0):
+        self.n, self.batch_size, self.rank, self.world = n, batch_size, rank, world
+        self.seed, self.epoch, self.start = seed, epoch, start
+
+    def __len__(self) -> int:
+        return max(0, self.n // (self.batch_size * self.world) - self.start)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        perm = epoch_permutation(self.n, self.seed, self.epoch).tolist()
+        global_batch = self.batch_size * self.world
+        for g in range(self.start, self.n // global_batch):
+            lo = g * global_batch + self.rank * self.batch_size
+            yield perm[lo: lo + self.batch_size]
+
+
+class TaskStream:
+    """Endless micro-batches of one task for this rank; ``state_dict`` is its position."""
+
+    def __init__(self, dataset: Dataset, collate: Callable, *, batch_size: int, rank: int, world: int,
+                 seed: int, num_workers: int = 0, name: str = "task"):
+        self.dataset, self.collate = dataset, collate
+        self.batch_size, self.rank, self.world, self.seed = batch_size, rank, world, seed
+        self.num_workers = num_workers
+        if len(dataset) < batch_size * world:
+            raise ConfigError(
+                f"task {name!r}: the training set has {len(dataset)} samples, fewer than one global "
+                f"micro-batch ({batch_size} x {world} processes)"
+            )
+        self.epoch, self.batch = 0, 0  # position of the next micro-batch
+        self._it: Iterator | None = None
+
+    def _loader(self) -> Iterator:
+        sampler = ShardBatchSampler(len(self.dataset), self.batch_size, self.rank, self.world,
+                                    self.seed, self.epoch, self.batch)
+        # a generator of its own: creating the iterator then draws nothing from the global
+        # RNG (which would shift dropout after a resume) and seeds workers from (seed, epoch)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch + 1)
+        return iter(DataLoader(self.dataset, batch_sampler=sampler, collate_fn=self.collate,
+                               num_workers=self.num_workers, generator=generator))
+
+    def __iter__(self) -> "TaskStream":
+        return self
+
+    def __next__(self) -> Any:
+        if self._it is None:
+            self._it = self._loader()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.epoch, self.batch = self.epoch + 1, 0
+            self._it = self._loader()
+            batch = next(self._it)
+        self.batch += 1
+        return batch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "batch": self.batch, "world": self.world, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.batch = int(state["epoch"]), int(state["batch"])
+        if (state.get("world"), state.get("batch_size")) != (self.world, self.batch_size):
+            # the permutation is the same, but the cut into micro-batches is not
+            self.batch = (self.batch * state["batch_size"] * state["world"]) // (self.batch_size * self.world)
+        self._it = None
+
+
+def eval_batches(dataset: Dataset, collate: Callable, batch_size: int, rank: int, world: int,
+                 max_batches: int | None = None) -> Iterator[Any]:
+    """Every ``world``-th sample from ``rank`` on, in order: each sample on exactly one rank."""
+    shard = Subset(dataset, range(rank, len(dataset), world))
+    loader = DataLoader(shard, batch_size=batch_size, collate_fn=collate, generator=torch.Generator().manual_seed(0))
+    for i, batch in enumerate(loader):
+        if max_batches is not None and i >= max_batches:
+            break
+        yield batch
+
+
+def step_plan(mix: str, ids: Sequence[str], weights: Sequence[float], step: int, seed: int) -> list[tuple[str, float]]:
+    """[(task id, loss weight)] for one optimizer step; the same on every rank.
+
+    sum: every task, loss weighted; round_robin: task ``step mod n``, loss weighted;
+    sample: one task drawn with probability proportional to its weight, loss unweighted."""
+    if mix == "sum":
+        return list(zip(ids, weights))
+    if mix == "round_robin":
+        i = step % len(ids)
+        return [(ids[i], weights[i])]
+    (chosen,) = random.Random(seed * 1_000_003 + step).choices(list(ids), weights=list(weights))
+    return [(chosen, 1.0)]
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch

@@ -1,0 +1,469 @@
+"""The training loop every task uses: a plain PyTorch recipe read top to bottom.
+
+``train(cfg)`` builds the tasks, the shared backbone and the heads, the optimizer and
+schedule, wraps the model for the processes torchrun started, and runs::
+
+    for each step:
+        for each micro-batch (grad_accum) and each task the step draws (train.mix):
+            loss = weight * head(backbone, batch) / grad_accum; backward
+        all-reduce the losses; clip; if loss or grad norm is not finite: skip, count
+        else: optimizer step, EMA update; scheduler step; log
+        every eval.every: evaluate every task, keep best/; every save.every: checkpoint
+
+A run of ``train.max_nonfinite`` non-finite steps ends the run with status "diverged"
+and a message naming the step, the task and the last good checkpoint; divergence is a
+result (the depth comparisons record it), not a crash.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from foundation import checkpoint
+from foundation.config import ConfigError, save_yaml
+from foundation.engine import distributed
+from foundation.engine.checkpointing import MODEL_FILE, Checkpointer, rng_state, set_rng_state
+from foundation.engine.config import TaskSpec, TrainConfig, resolve
+from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
+from foundation.engine.distributed import Env
+from foundation.engine.logging import MetricsLog, Progress
+from foundation.engine.model import ModelConfig, MultiTaskModel
+from foundation.engine.optim import EMA, build_optimizer, build_scheduler
+
+STATE_VERSION = 1
+
+
+@dataclass
+class RunResult:
+    status: str  # finished | stopped (train.stop_at) | diverged | interrupted (Ctrl-C)
+    step: int
+    run_dir: Path
+    metrics: dict[str, float] = field(default_factory=dict)  # the last evaluation
+    message: str = ""
+    last_checkpoint: Path | None = None
+    nonfinite_total: int = 0
+    best_key: str = ""
+    best_value: float | None = None
+    best_step: int | None = None
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def build_model(cfg: TrainConfig, specs: list[TaskSpec], log=print) -> MultiTaskModel:
+    """Backbone + heads; ``init_from`` loads backbone weights, reporting what did not fit."""
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    if cfg.init_from:
+        load_backbone(model, cfg.init_from, log)
+    return model
+
+
+def load_backbone(model: MultiTaskModel, path: str | Path, log=print) -> None:
+    """Pretrained backbone weights from a safetensors file (a Backbone's own, or any file
+    whose backbone keys carry a ``backbone.`` prefix, such as our runs' checkpoints)."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    if any(k.startswith("backbone.") for k in state):
+        state = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    own = model.backbone.state_dict()
+    shapes = [k for k in state if k in own and state[k].shape != own[k].shape]
+    if shapes:
+        raise ConfigError(f"field 'init_from': {path}: shapes differ from the configured backbone for "
+                          f"{', '.join(shapes[:10])}")
+    result = model.backbone.load_state_dict(state, strict=False)
+    log(f"init_from {path}: loaded {len(state) - len(result.unexpected_keys)} tensors; "
+        f"missing {len(result.missing_keys)}{': ' + ', '.join(result.missing_keys[:10]) if result.missing_keys else ''}; "
+        f"unexpected {len(result.unexpected_keys)}"
+        f"{': ' + ', '.join(result.unexpected_keys[:10]) if result.unexpected_keys else ''}")
+
+
+def autocast(cfg: TrainConfig, device: torch.device):
+    precision = cfg.train.precision
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    if precision == "fp16" and device.type != "cuda":
+        raise ConfigError("field 'train.precision': fp16 needs CUDA; use bf16 or fp32 on CPU")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+@torch.no_grad()
+def evaluate(model: MultiTaskModel, specs: list[TaskSpec], cfg: TrainConfig, env: Env,
+             datasets: dict[str, Any] | None = None) -> dict[str, float]:
+    """{"task_id/metric": value} for every task, exact over the whole eval set and all ranks.
+    ``datasets`` caches the eval sets between calls."""
+    datasets = {} if datasets is None else datasets
+    was_training = model.training
+    model.eval()
+    out: dict[str, float] = {}
+    batch_size = cfg.eval.batch_size or cfg.train.batch_size
+    try:
+        with distributed.unsharded(model):
+            for spec in specs:
+                task, head = model.tasks[spec.id], model.heads[spec.id]
+                if spec.id not in datasets:
+                    datasets[spec.id] = task.eval_dataset()
+                dataset = datasets[spec.id]
+                if len(dataset) < env.world:
+                    raise ConfigError(f"task {spec.id!r}: the eval set has {len(dataset)} samples, fewer than {env.world} processes")
+                totals: dict[str, torch.Tensor] = {}
+                for batch in eval_batches(dataset, task.collate, spec.batch_size or batch_size, env.rank, env.world,
+                                          cfg.eval.max_batches):
+                    with autocast(cfg, env.device):
+                        sums = task.eval_step(head, model.backbone, to_device(batch, env.device))
+                    for k, v in sums.items():
+                        v = torch.as_tensor(v, device=env.device).detach().double()
+                        totals[k] = totals[k] + v if k in totals else v
+                for k in sorted(totals):
+                    distributed.all_reduce(totals[k])
+                for k, v in task.metrics(totals).items():
+                    out[f"{spec.id}/{k}"] = float(v)
+    finally:
+        model.train(was_training)
+    return out
+
+
+class Trainer:
+    """One run: ``Trainer(cfg, specs, env).run() -> RunResult``."""
+
+    def __init__(self, cfg: TrainConfig, specs: list[TaskSpec], env: Env):
+        self.cfg, self.specs, self.env = cfg, specs, env
+        self.run_dir = cfg.run_dir
+        self.ckpt = Checkpointer(self.run_dir, cfg.save.keep, env)
+        resume_from = self._prepare_run_dir()
+
+        seed_all(cfg.seed)  # the same initial weights on every rank
+        self.model = build_model(cfg, specs, log=self.say)
+        if resume_from is not None:
+            checkpoint.load_state_into(self.model, resume_from / MODEL_FILE)
+        self.model.to(env.device)
+        self.wrapped = distributed.wrap(self.model, env, cfg.train.strategy, find_unused=len(specs) > 1)
+        if cfg.train.compile:
+            self.wrapped = torch.compile(self.wrapped)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.optim.lr, cfg.train.steps)
+        self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
+        if cfg.train.ema is not None and cfg.train.strategy == "fsdp" and env.distributed:
+            raise ConfigError("field 'train.ema': EMA is not supported with train.strategy=fsdp")
+        self.ema = EMA(self.model, cfg.train.ema) if cfg.train.ema is not None else None
+        self.streams = {
+            s.id: TaskStream(self.model.tasks[s.id].train_dataset(), self.model.tasks[s.id].collate,
+                             batch_size=s.batch_size or cfg.train.batch_size, rank=env.rank, world=env.world,
+                             seed=cfg.seed * 1000 + i, num_workers=cfg.train.num_workers, name=s.id)
+            for i, s in enumerate(specs)
+        }
+        self.step = 0
+        self.samples = 0
+        self.nonfinite_in_a_row = self.nonfinite_total = 0
+        self.best_key, self.best_higher = self._best_metric()
+        self.best_value: float | None = None
+        self.best_step: int | None = None
+        self.metrics: dict[str, float] = {}
+        self.eval_sets: dict[str, Any] = {}
+        seed_all(cfg.seed + 7919 * (env.rank + 1))  # dropout etc. differ between ranks
+        if resume_from is not None:
+            self._load_state(resume_from)
+            self.say(f"resumed from {resume_from} at step {self.step}")
+        self.resumed_at = self.step if resume_from is not None else None
+
+    # ------------------------------------------------------------------ setup
+
+    def say(self, message: str) -> None:
+        if self.env.is_main:
+            print(message, flush=True)
+
+    def _prepare_run_dir(self) -> Path | None:
+        """Refuse to overwrite a run by accident; returns the checkpoint to resume from."""
+        cfg, latest = self.cfg, self.ckpt.latest()
+        if cfg.resume:
+            if latest is None:
+                self.say(f"resume=true: no checkpoint in {self.run_dir}/ckpt yet, starting from scratch")
+                if self.env.is_main:  # logs of an attempt that never reached a checkpoint
+                    for stale in ("metrics.jsonl", "tb", "best"):
+                        path = self.run_dir / stale
+                        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        elif latest is not None or (self.run_dir / "metrics.jsonl").exists():
+            if not cfg.overwrite:
+                raise ConfigError(
+                    f"{self.run_dir} already holds a run; resume=true continues it, overwrite=true "
+                    "replaces it, run_name=... starts another"
+                )
+            distributed.barrier()
+            if self.env.is_main:
+                shutil.rmtree(self.run_dir)
+            latest = None
+        distributed.barrier()
+        if self.env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_yaml(cfg, self.run_dir / "config.yaml")
+            self.ckpt.clean()
+        distributed.barrier()
+        return latest if cfg.resume else None
+
+    def _best_metric(self) -> tuple[str, bool]:
+        spec = self.specs[0]
+        key = self.cfg.eval.best or f"{spec.id}/{spec.cls.primary_metric}"
+        tid, _, metric = key.partition("/")
+        cls = next(s.cls for s in self.specs if s.id == tid)
+        mode = self.cfg.eval.best_mode
+        return key, mode == "max" if mode != "auto" else (cls.higher_is_better if metric == cls.primary_metric else True)
+
+    # ------------------------------------------------------------------ state
+
+    def _state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "step": self.step,
+            "samples": self.samples,
+            "world": self.env.world,
+            "optimizer": self._optimizer_state(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "ema": self.ema.state_dict() if self.ema is not None else None,
+            "streams": {k: s.state_dict() for k, s in self.streams.items()},
+            "nonfinite": {"in_a_row": self.nonfinite_in_a_row, "total": self.nonfinite_total},
+            "best": {"key": self.best_key, "value": self.best_value, "step": self.best_step},
+            "rng": rng_state(),
+        }
+
+    def _load_state(self, path: Path) -> None:
+        state = self.ckpt.load_state(path)
+        self.step, self.samples = int(state["step"]), int(state["samples"])
+        if distributed.is_fsdp(self.model):  # keyed by parameter name, whole tensors
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                     options=StateDictOptions(full_state_dict=True))
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state["scaler"] is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and state["ema"] is not None:
+            self.ema.load_state_dict(state["ema"])
+        for k, s in self.streams.items():
+            if k in state["streams"]:
+                s.load_state_dict(state["streams"][k])
+        self.nonfinite_in_a_row = int(state["nonfinite"]["in_a_row"])
+        self.nonfinite_total = int(state["nonfinite"]["total"])
+        if state["best"]["key"] == self.best_key:
+            self.best_value, self.best_step = state["best"]["value"], state["best"]["step"]
+        if state["rng"] is not None and state["world"] == self.env.world:
+            set_rng_state(state["rng"])
+
+    def _model_writer(self) -> Callable[[Path], None]:
+        """``write(path)`` of the weights for rank 0. Under FSDP the whole state dict is
+        gathered first, a collective: every rank calls this."""
+        if not distributed.is_fsdp(self.model):
+            return lambda path: checkpoint.save(self.model, path)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        full = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+        def write(path: Path) -> None:
+            with torch.random.fork_rng(devices=[]):  # building initialises: keep the RNG untouched
+                plain = MultiTaskModel(self.model.config)
+            plain.load_state_dict(full, assign=True)
+            checkpoint.save(plain, path)
+
+        return write
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        if distributed.is_fsdp(self.model):  # gathered whole onto rank 0 (a collective)
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+            return get_optimizer_state_dict(self.model, self.optimizer,
+                                            options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.optimizer.state_dict()
+
+    def save(self) -> Path:
+        state = self._state() if self.env.is_main or distributed.is_fsdp(self.model) else {}
+        return self.ckpt.save(self.step, self._model_writer(), state)
+
+    # ------------------------------------------------------------------ one step
+
+    def train_step(self) -> dict[str, Any]:
+        cfg, env = self.cfg, self.env
+        plan = step_plan(cfg.train.mix, [s.id for s in self.specs], [s.weight for s in self.specs],
+                         self.step, cfg.seed)
+        accum = cfg.train.grad_accum
+        ids = [tid for tid, _ in plan]
+        losses = torch.zeros(len(plan), device=env.device, dtype=torch.float64)
+        logs: dict[str, float] = {}
+        samples, backward, total = 0, 0, accum * len(plan)
+        start = time.perf_counter()
+        for _ in range(accum):
+            for i, (tid, weight) in enumerate(plan):
+                batch = to_device(next(self.streams[tid]), env.device)
+                backward += 1
+                with distributed.grad_sync(self.wrapped, backward == total):  # forward and backward
+                    with autocast(cfg, env.device):
+                        loss, extra = self.wrapped(tid, batch)
+                    scaled = loss.float() * (weight / accum)
+                    (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                losses[i] += loss.detach().double() / accum
+                for k, v in extra.items():
+                    logs[f"{tid}/{k}"] = logs.get(f"{tid}/{k}", 0.0) + float(v) / accum
+                samples += self.streams[tid].batch_size * env.world
+        # every rank takes the same decision: the losses are all-reduced, the grads already are
+        distributed.all_reduce(losses, "mean")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = cfg.optim.clip_grad if cfg.optim.clip_grad is not None else math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        loss_values = losses.tolist()
+        bad = [tid for tid, v in zip(ids, loss_values) if not math.isfinite(v)]
+        finite = not bad and (math.isfinite(grad_norm) or self.scaler is not None)
+        if finite:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
+            if self.ema is not None:
+                self.ema.update(self.model)
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.optimizer.param_groups[-1]["lr"]  # the top group: the head, scale 1
+        self.scheduler.step()
+        self.step += 1
+        self.samples += samples
+        elapsed = time.perf_counter() - start
+        weights = dict(plan)
+        record = {
+            "loss": sum(weights[t] * v for t, v in zip(ids, loss_values)),
+            **{f"loss/{t}": v for t, v in zip(ids, loss_values)},
+            "lr": lr, "grad_norm": grad_norm, "samples_per_s": samples / max(elapsed, 1e-9),
+            "step_time": elapsed, **logs,
+        }
+        if not finite:
+            record.update(skipped=True, bad_task=bad[0] if bad else ",".join(ids),
+                          bad_what="loss" if bad else "gradients")
+        return record
+
+    # ------------------------------------------------------------------ the run
+
+    def evaluate(self, log: MetricsLog) -> None:
+        use_ema = self.ema is not None and self.cfg.eval.ema
+        with self.ema.applied(self.model) if use_ema else contextlib.nullcontext():
+            self.metrics = evaluate(self.model, self.specs, self.cfg, self.env, self.eval_sets)
+            log.log(self.step, {f"eval/{k}": v for k, v in self.metrics.items()})
+            value = self.metrics.get(self.best_key)
+            if value is None:
+                raise ConfigError(f"field 'eval.best': no metric {self.best_key!r}; the tasks report "
+                                  f"{', '.join(self.metrics)}")
+            better = self.best_value is None or (value > self.best_value if self.best_higher else value < self.best_value)
+            if better and math.isfinite(value):
+                self.best_value, self.best_step = value, self.step
+                info = {"step": self.step, "metric": self.best_key, "value": value, "metrics": self.metrics,
+                        "ema": use_ema}
+                write = self._model_writer()
+                if self.env.is_main:
+                    self.ckpt.save_best(write, info)
+        self.progress.write(f"eval step {self.step}: " + ", ".join(f"{k} {v:.4f}" for k, v in self.metrics.items())
+                            + (" (best)" if self.best_step == self.step else ""))
+
+    def run(self) -> RunResult:
+        cfg = self.cfg
+        end = min(cfg.train.steps, cfg.train.stop_at or cfg.train.steps)
+        if self.step >= end:
+            done = self.step >= cfg.train.steps
+            return self._result("finished" if done else "stopped", f"{self.run_dir} is already at step {self.step} "
+                                f"(train.steps={cfg.train.steps}); nothing to do")
+        log = MetricsLog(self.run_dir, enabled=self.env.is_main, tensorboard=cfg.log.tensorboard,
+                         resume_step=self.resumed_at)
+        self.progress = Progress(enabled=cfg.log.progress, total=cfg.train.steps, initial=self.step,
+                                 desc=cfg.run_name, every=cfg.log.every, main=self.env.is_main)
+        if self.resumed_at is not None:
+            log.event(self.step, "resume")
+        self.model.train()
+        saved_at = evaluated_at = None
+        try:
+            while self.step < end:
+                record = self.train_step()
+                if record.get("skipped"):
+                    stop = self._nonfinite(record, log)
+                    if stop is not None:
+                        return stop
+                else:
+                    self.nonfinite_in_a_row = 0
+                if self.step % cfg.log.every == 0 or record.get("skipped"):
+                    log.log(self.step, {**record, "samples": self.samples})
+                self.progress.update(self.step, record["loss"], record["lr"], record["samples_per_s"])
+                if cfg.eval.every and self.step % cfg.eval.every == 0:
+                    self.evaluate(log)
+                    evaluated_at = self.step
+                if cfg.save.every and self.step % cfg.save.every == 0 and not self.nonfinite_in_a_row:
+                    self.save()  # (not in a run of skipped steps: checkpoints are "last good" ones)
+                    saved_at = self.step
+            finished = self.step >= cfg.train.steps
+            if finished and evaluated_at != self.step:
+                self.evaluate(log)
+            if saved_at != self.step:
+                self.save()
+        except KeyboardInterrupt:  # Ctrl-C: no traceback, say where to resume from
+            last = self.ckpt.latest()
+            return self._result("interrupted", f"interrupted at step {self.step}; last checkpoint: {last}"
+                                + ("; --resume continues from it" if last else ""))
+        finally:
+            self.progress.close()
+            log.close()
+        if finished:
+            return self._result("finished", f"finished at step {self.step}")
+        return self._result("stopped", f"stopped at step {self.step} of {cfg.train.steps} (train.stop_at); "
+                                       "resume=true continues")
+
+    def _result(self, status: str, message: str = "") -> RunResult:
+        return RunResult(status, self.step, self.run_dir, self.metrics, message, self.ckpt.latest(),
+                         self.nonfinite_total, self.best_key, self.best_value, self.best_step)
+
+    def _nonfinite(self, record: dict[str, Any], log: MetricsLog) -> RunResult | None:
+        self.nonfinite_in_a_row += 1
+        self.nonfinite_total += 1
+        task, what = record["bad_task"], record["bad_what"]
+        loss = record.get(f"loss/{task}", record["loss"])
+        self.progress.write(
+            f"step {self.step}: non-finite {what} in task {task!r} (loss {loss}, grad norm {record['grad_norm']}); "
+            f"step skipped ({self.nonfinite_in_a_row} in a row, {self.nonfinite_total} in all)"
+        )
+        log.event(self.step, "nonfinite", task=task, what=what, loss=loss, grad_norm=record["grad_norm"],
+                  in_a_row=self.nonfinite_in_a_row, total=self.nonfinite_total)
+        if self.nonfinite_in_a_row < self.cfg.train.max_nonfinite:
+            return None
+        last = self.ckpt.latest()
+        message = (
+            f"training stopped at step {self.step}: {self.nonfinite_in_a_row} non-finite steps in a row "
+            f"(train.max_nonfinite={self.cfg.train.max_nonfinite}), the last one a non-finite {what} in task "
+            f"{task!r}; last good checkpoint: {last if last is not None else 'none (no checkpoint written yet)'}"
+        )
+        log.event(self.step, "diverged", task=task, what=what, message=message,
+                  last_checkpoint=str(last) if last else None)
+        return self._result("diverged", message)
+
+
+def train(cfg: TrainConfig, specs: list[TaskSpec] | None = None) -> RunResult:
+    """Run (or resume) the training that ``cfg`` describes, in this process group."""
+    if specs is None:
+        cfg, specs = resolve(cfg)
+    env = distributed.setup(cfg.device)
+    try:
+        return Trainer(cfg, specs, env).run()
+    finally:
+        distributed.teardown(env)

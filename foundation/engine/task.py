@@ -1,0 +1,146 @@
+"""The task contract: what a folder in ``tasks/`` gives the engine, and how it is found.
+
+A task is a class derived from ``Task``, registered with ``@register_task("name")`` in
+the package ``tasks.<name>``. The engine never imports a task statically: the config
+names it (``tasks: [{name: seq2seq, ...}]``) and ``get_task`` imports ``tasks.<name>``,
+whose import runs the decorator. A new task is a new folder plus a config.
+
+What a task provides::
+
+    @register_task("seq2seq")
+    class Seq2Seq(Task):
+        Config = Seq2SeqConfig          # dataclass of the task's own config fields
+        primary_metric = "exact_match"  # the metric that picks the best checkpoint
+        higher_is_better = True         # its direction
+        embedding_params = ("embed",)   # head parameters below the backbone (layer 0)
+
+        def check(self): ...            # paths exist? raise ConfigError naming the field
+        def build_head(self): ...       # nn.Module: forward(backbone, batch) -> (loss, logs)
+        def train_dataset(self): ...    # map-style Dataset (the engine samples and shards it)
+        def eval_dataset(self): ...
+        def collate(self, samples): ... # list of dataset items -> batch (tensors in dicts)
+        def eval_step(self, head, backbone, batch): ...  # -> {name: summed tensor}
+        def metrics(self, totals): ...  # summed tensors (all batches, all ranks) -> {name: float}
+
+The pieces and why they are shaped so:
+
+* ``build_head()`` builds everything the task adds around the shared ``Backbone``
+  (front end / embeddings, head, loss). The head does not hold the backbone: the engine
+  keeps one backbone in a ``MultiTaskModel`` and calls ``head(backbone, batch)``, so
+  several tasks share it and DDP / FSDP see one module. The head returns the scalar
+  training loss and a dict of floats or 0-d tensors to log (``logs``). A head may list
+  parameters exempt from weight decay in ``no_weight_decay()`` (timm's convention);
+  1-d parameters (biases, norms) never decay.
+* Data is a map-style ``Dataset`` plus ``collate``; the engine owns the sampler, so that
+  the data order is a function of (seed, epoch) only, each rank takes its shard of every
+  global batch, and a run resumes at the exact sample. Per-sample randomness (augment-
+  ation) must likewise come from a generator seeded by the item, not the global RNG.
+* Evaluation is ``eval_step`` -> sums, then ``metrics(totals)``. The engine adds the sums
+  over batches and over ranks before ``metrics`` turns them into numbers (accuracy =
+  correct / total, WER = errors / words, mIoU from per-class intersections and unions),
+  so every metric is exact under data parallelism.
+* ``primary_metric`` / ``higher_is_better`` decide the best checkpoint.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset, default_collate
+
+from foundation.config import BackboneConfig, ConfigError
+
+TASKS: dict[str, type["Task"]] = {}
+TASKS_PACKAGE = "tasks"
+
+
+class Task(abc.ABC):
+    """One training objective around the shared backbone (see the module docstring)."""
+
+    name: ClassVar[str] = ""  # set by register_task
+    Config: ClassVar[type]  # a dataclass; its fields are the task's section of the YAML
+    primary_metric: ClassVar[str]
+    higher_is_better: ClassVar[bool] = True
+    # name prefixes of head parameters that sit below the backbone (embeddings, front
+    # ends); layer-wise lr decay puts them in layer 0 and the rest of the head on top
+    embedding_params: ClassVar[tuple[str, ...]] = ("embed", "patch_embed", "pos_embed", "cls_token", "mask_token")
+
+    def __init__(self, cfg: Any, backbone: BackboneConfig):
+        self.cfg, self.backbone_cfg = cfg, backbone
+
+    def check(self) -> None:
+        """Check what the config points at (data paths, vocabularies) before any work;
+        raise ``ConfigError`` naming the field. Runs for ``train`` and ``eval``, not when a
+        checkpoint is merely loaded elsewhere."""
+
+    @abc.abstractmethod
+    def build_head(self) -> nn.Module:
+        """The task's modules; ``head(backbone, batch)`` returns ``(loss, logs)``."""
+
+    @abc.abstractmethod
+    def train_dataset(self) -> Dataset: ...
+
+    @abc.abstractmethod
+    def eval_dataset(self) -> Dataset: ...
+
+    def collate(self, samples: list) -> Any:
+        return default_collate(samples)
+
+    @abc.abstractmethod
+    def eval_step(self, head: nn.Module, backbone: nn.Module, batch: Any) -> Mapping[str, torch.Tensor]:
+        """Sums over this batch (counts, errors, per-class tensors) for ``metrics``."""
+
+    @abc.abstractmethod
+    def metrics(self, totals: Mapping[str, torch.Tensor]) -> dict[str, float]:
+        """Metrics from sums over the whole evaluation set; must contain ``primary_metric``."""
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    def deco(cls: type[Task]) -> type[Task]:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"@register_task({name!r}) must decorate a Task subclass")
+        if not dataclasses.is_dataclass(getattr(cls, "Config", None)):
+            raise TypeError(f"task {name!r}: {cls.__qualname__}.Config must be a dataclass")
+        if not getattr(cls, "primary_metric", None):
+            raise TypeError(f"task {name!r}: {cls.__qualname__}.primary_metric is not set")
+        known = TASKS.get(name)
+        if known is not None and known.__qualname__ != cls.__qualname__:
+            raise ValueError(f"task {name!r} is already registered for {known.__qualname__}")
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return deco
+
+
+def known_tasks() -> list[str]:
+    """Registered tasks plus the folders of the ``tasks`` package (not imported)."""
+    names = set(TASKS)
+    try:
+        pkg = importlib.import_module(TASKS_PACKAGE)
+        names.update(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg)
+    except ImportError:
+        pass
+    return sorted(names)
+
+
+def get_task(name: str) -> type[Task]:
+    """The Task class called ``name``, importing ``tasks.<name>`` on first use."""
+    if name not in TASKS:
+        if not name.isidentifier():
+            raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(known_tasks()) or 'none'}")
+        module = f"{TASKS_PACKAGE}.{name}"
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name not in (TASKS_PACKAGE, module):
+                raise  # the task exists but one of its own imports is missing: show that
+            raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(known_tasks()) or 'none'}") from None
+        if name not in TASKS:
+            raise ConfigError(f"{module} was imported but registers no task {name!r} (@register_task({name!r}))")
+    return TASKS[name]
