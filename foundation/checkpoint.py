@@ -113,7 +113,7 @@ def save(model: nn.Module, path: str | Path) -> Path:
     }
     tensors = _unshared(model.state_dict())
     path = Path(path)
-    _atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
     return path
 
 
@@ -134,35 +134,37 @@ def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     """``write`` a temporary file next to ``path``, fsync it, then rename it over ``path``:
     readers see the old file or the whole new one, never a partial one."""
+    path = Path(path)
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     os.close(fd)
     try:
         write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        fsync_path(tmp)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would outlive the rename
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        Path(tmp).unlink(missing_ok=True)
         raise
-    try:  # make the rename itself durable
-        dir_fd = os.open(directory, os.O_RDONLY)
+    fsync_path(directory)  # make the rename itself durable
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync a file or directory; a no-op where the platform refuses."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     except OSError:
         pass
     finally:
-        os.close(dir_fd)
+        os.close(fd)
 
 
 def _open(path: Path) -> tuple[dict[str, str], Callable[[], dict[str, torch.Tensor]]]:

@@ -24,13 +24,13 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from foundation.checkpoint import atomic_write, fsync_path
 from foundation.engine import distributed
 from foundation.engine.distributed import Env
 
@@ -38,35 +38,8 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_FILE, STATE_FILE = "model.safetensors", "state.pt"
 
 
-def write_atomic(path: Path, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` a file beside ``path``, fsync it, rename it over ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(tmp)
-        _fsync(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync(path.parent)
-
-
 def write_text_atomic(path: Path, text: str) -> None:
-    write_atomic(path, lambda tmp: Path(tmp).write_text(text))
-
-
-def _fsync(path: str | Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def rng_state() -> dict[str, Any]:
@@ -140,20 +113,20 @@ class Checkpointer:
         if self.env.is_main:
             write_model(tmp / MODEL_FILE)
             torch.save(state, tmp / STATE_FILE)
-            _fsync(tmp / STATE_FILE)
+            fsync_path(tmp / STATE_FILE)
         else:
             path = tmp / f"rng_rank{self.env.rank}.pt"
             torch.save(rng_state(), path)
-            _fsync(path)
+            fsync_path(path)
         distributed.barrier()
         if self.env.is_main:
-            _fsync(tmp)
+            fsync_path(tmp)
             if final.exists():  # the same step saved again (e.g. stop_at then resume): replace it
                 trash = self.ckpt_dir / f".trash-{name}"
                 os.rename(final, trash)
                 shutil.rmtree(trash, ignore_errors=True)
             os.rename(tmp, final)
-            _fsync(self.ckpt_dir)
+            fsync_path(self.ckpt_dir)
             write_text_atomic(self.run_dir / "last", f"ckpt/{name}\n")
             self._prune(keep=final)
         distributed.barrier()
