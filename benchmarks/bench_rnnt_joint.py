@@ -1,0 +1,125 @@
+"""Peak memory and time of the RNN-T joint network + loss: whole batch vs sub-batches.
+
+    python benchmarks/bench_rnnt_joint.py                       # B=8, T=250, U=50, V=5001, J=512 on CPU
+    python benchmarks/bench_rnnt_joint.py --device cuda --batch 32 --frames 400 --units 80
+
+Each variant runs forward + backward once in a fresh process, so that its peak is its own:
+
+* ``full``: ``lin_out(tanh(enc + dec))`` for the whole (B, T, U + 1, V) lattice, then
+  ``torchaudio.functional.rnnt_loss`` (plain autograd);
+* ``sub=k``: ``tasks.asr.transducer.transducer_loss(..., sub_batch=k)``: the same loss and
+  gradients, k utterances of the lattice at a time.
+
+Memory is reported three ways: ``peak`` (CPU: growth of the process's peak resident set,
+``ru_maxrss``, over the resident set once the inputs exist; CUDA: ``max_memory_allocated``
+over what was allocated before), ``saved`` (bytes of the tensors autograd keeps from
+forward to backward, counted by ``saved_tensors_hooks``), and ``lattice``: the size of one
+fp32 (B, T, U + 1, V) tensor, for scale. Time is one forward + backward.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_variant(a: argparse.Namespace, sub_batch: int) -> dict:
+    """Forward + backward of one variant in this process; returns its measurements."""
+    import torch
+
+    from tasks.asr.transducer import transducer_loss
+
+    torch.manual_seed(0)
+    device = torch.device(a.device)
+    B, T, U, V, J = a.batch, a.frames, a.units, a.vocab, a.joint_dim
+    enc = torch.randn(B, T, J, device=device, requires_grad=True)
+    dec = torch.randn(B, U + 1, J, device=device, requires_grad=True)
+    lin_out = torch.nn.Linear(J, V).to(device)
+    targets = torch.randint(1, V, (B, U), device=device)
+    # realistic padding: lengths spread from 60 % to 100 % of the longest
+    frac = torch.linspace(0.6, 1.0, B, device=device)
+    enc_lens = (frac * T).long().clamp(min=1)
+    tgt_lens = (frac * U).long().clamp(min=1)
+    enc_lens[-1], tgt_lens[-1] = T, U
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_bytes()
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[id(t)] = t.numel() * t.element_size()
+        return t
+
+    start = time.perf_counter()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = transducer_loss(enc, dec, lin_out, torch.tanh, targets, enc_lens, tgt_lens, sub_batch=sub_batch)
+    saved_bytes = sum(saved.values())
+    loss.backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+    seconds = time.perf_counter() - start
+    return {"variant": "full" if sub_batch <= 0 else f"sub={sub_batch}", "loss": float(loss),
+            "peak_bytes": peak, "saved_bytes": saved_bytes, "seconds": seconds,
+            "grad_norm": float(enc.grad.norm() + dec.grad.norm() + lin_out.weight.grad.norm())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--frames", type=int, default=250, help="encoder frames T (40 ms: 250 = 10 s)")
+    p.add_argument("--units", type=int, default=50, help="target units U")
+    p.add_argument("--vocab", type=int, default=5001, help="output units V (5000 sentencepiece + blank)")
+    p.add_argument("--joint-dim", type=int, default=512)
+    p.add_argument("--sub-batch", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", type=Path, help="also write the rows here")
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if a.worker is not None:
+        print(json.dumps(run_variant(a, a.worker)))
+        return 0
+    lattice = a.batch * a.frames * (a.units + 1) * a.vocab * 4
+    print(f"B={a.batch} T={a.frames} U={a.units} V={a.vocab} J={a.joint_dim} on {a.device}; "
+          f"one fp32 (B, T, U+1, V) lattice = {lattice / 2**30:.2f} GiB; "
+          f"torch threads: {os.environ.get('OMP_NUM_THREADS', 'default')}")
+    rows = []
+    for sub in [0] + a.sub_batch:
+        cmd = [sys.executable, __file__, "--worker", str(sub), "--batch", str(a.batch), "--frames", str(a.frames),
+               "--units", str(a.units), "--vocab", str(a.vocab), "--joint-dim", str(a.joint_dim), "--device", a.device]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            print(f"variant sub_batch={sub} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
+            return 1
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    full = rows[0]
+    print("| variant | peak memory | saved for backward | time (fwd+bwd) | loss - full |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['variant']} | {r['peak_bytes'] / 2**30:.2f} GiB | {r['saved_bytes'] / 2**30:.3f} GiB | "
+              f"{r['seconds']:.1f} s | {r['loss'] - full['loss']:+.2e} |")
+    if a.json:
+        a.json.write_text(json.dumps({"args": {k: v for k, v in vars(a).items() if k != "json"}, "rows": rows},
+                                     indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,282 @@
+"""Speech recognition with a Transformer-Transducer whose encoder is the shared backbone."""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from foundation.config import ConfigError
+from foundation.engine.task import Task, register_task
+from tasks.asr.data import (LAYOUTS, BucketDataset, SpeechDataError, Utterance, audio_frames, cmvn_stats, collate,
+                            fbank, length_buckets, load_audio, read_split, save_stats)
+from tasks.asr.decode import SEARCH_TYPES, beam_search, greedy_search
+from tasks.asr.metrics import asr_metrics, split_sums
+from tasks.asr.model import TransducerHead
+from tasks.asr.tokenizer import Tokenizer, TranscriptError, train_tokenizer
+
+DECODINGS = ("greedy", "beam")
+
+
+@dataclass
+class ASRConfig:
+    # data: <data_dir>/<split> in the LibriSpeech layout, or Kaldi data dirs (layout: kaldi)
+    data_dir: str = "data/LibriSpeech"
+    layout: str = "librispeech"  # librispeech | kaldi
+    train_splits: List[str] = field(default_factory=lambda: ["train-clean-100", "train-clean-360", "train-other-500"])
+    eval_splits: List[str] = field(default_factory=lambda: ["dev-clean", "dev-other", "test-clean", "test-other"])
+    sample_rate: int = 16000
+    num_mel_bins: int = 80
+    prep_dir: Optional[str] = None  # tokenizer + CMVN statistics; default <data_dir>/prep/<train splits>
+    vocab_size: int = 5000  # sentencepiece unigram units (the model adds the blank)
+    max_frames: int = 40000  # length buckets: batch size x longest utterance (10 ms frames), ESPnet's batch_bins
+    cmvn_max_utterances: int = 10000  # CMVN statistics from up to this many training utterances (evenly spread)
+    cache_features: bool = False  # keep filterbanks in memory (small corpora)
+    # model (sizes of the 18L / 36L T-T: 80M / 140M parameters with a 512-dim backbone)
+    vgg_channels: List[int] = field(default_factory=lambda: [64, 128])
+    predictor_embed_dim: int = 512
+    predictor_dim: int = 1024
+    predictor_layers: int = 2
+    predictor_dropout: float = 0.1
+    joint_dim: int = 512
+    joint_sub_batch: int = 4  # utterances per joint + loss sub-batch (memory bound); 0 = whole batch
+    # auxiliary losses (Boyer et al. 2021)
+    ctc_weight: float = 0.3
+    aux_transducer_weight: float = 0.2
+    aux_layers: List[int] = field(default_factory=list)  # 0-based backbone blocks, e.g. [5, 11] of 18
+    aux_mlp_dim: int = 256
+    # SpecAugment (Magneto Table 15)
+    freq_masks: int = 2
+    freq_mask_width: int = 27
+    time_masks: int = 10
+    time_mask_ratio: float = 0.04
+    # decoding for evaluation
+    decoding: str = "greedy"  # greedy | beam
+    beam_size: int = 4
+    beam_search: str = "default"  # ESPnet's BeamSearchTransducer: default | maes | tsd | alsd
+    max_symbols_per_frame: int = 5  # greedy
+    hyp_dir: Optional[str] = None  # write <hyp_dir>/<split>/{hyp,ref}.txt (Kaldi text format) at each evaluation
+
+    def __post_init__(self) -> None:
+        def bad(name: str, msg: str) -> ConfigError:
+            return ConfigError(f"field {name!r}: {msg} (got {getattr(self, name)!r})")
+
+        if self.layout not in LAYOUTS:
+            raise bad("layout", f"must be one of {', '.join(LAYOUTS)}")
+        for name in ("train_splits", "eval_splits"):
+            if not getattr(self, name):
+                raise bad(name, "list at least one split")
+        if len(set(self.eval_splits)) != len(self.eval_splits):
+            raise bad("eval_splits", "splits must be distinct")
+        for name in ("sample_rate", "num_mel_bins", "vocab_size", "max_frames", "cmvn_max_utterances",
+                     "predictor_embed_dim", "predictor_dim", "predictor_layers", "joint_dim", "aux_mlp_dim",
+                     "beam_size", "max_symbols_per_frame"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        if len(self.vgg_channels) != 2 or min(self.vgg_channels) < 1:
+            raise bad("vgg_channels", "two positive channel counts")
+        for name in ("ctc_weight", "aux_transducer_weight", "joint_sub_batch", "freq_masks", "freq_mask_width",
+                     "time_masks"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        for name in ("predictor_dropout", "time_mask_ratio"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise bad(name, "must be in [0, 1)")
+        if self.decoding not in DECODINGS:
+            raise bad("decoding", f"must be one of {', '.join(DECODINGS)}")
+        if self.beam_search not in SEARCH_TYPES:
+            raise bad("beam_search", f"must be one of {', '.join(SEARCH_TYPES)}")
+
+    @property
+    def prep_path(self) -> Path:
+        return Path(self.prep_dir) if self.prep_dir else Path(self.data_dir) / "prep" / "+".join(self.train_splits)
+
+    @property
+    def tokenizer_path(self) -> Path:
+        return self.prep_path / f"unigram{self.vocab_size}.model"
+
+    @property
+    def stats_path(self) -> Path:
+        return self.prep_path / f"feats_stats_fbank{self.num_mel_bins}.npz"  # ESPnet's GlobalMVN format
+
+
+def _say(message: str) -> None:
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"[asr] {message}", file=sys.stderr, flush=True)
+
+
+@register_task("asr")
+class ASR(Task):
+    """Transformer-Transducer ASR; WER per evaluation split. Dataset items are whole
+    length buckets (``max_frames``), so this task's ``batch_size`` must be 1."""
+
+    Config = ASRConfig
+    primary_metric = "wer"
+    higher_is_better = False
+    embedding_params = ("frontend", "cmvn")
+
+    def __init__(self, cfg: ASRConfig, backbone):
+        super().__init__(cfg, backbone)
+        self._splits: dict[str, list[Utterance]] = {}
+        self._tokenizer: Tokenizer | None = None
+        self._hyps: list[tuple[str, str, str, str]] = []
+
+    # ------------------------------------------------------------------ data preparation
+
+    def utterances(self, split: str) -> list[Utterance]:
+        if split not in self._splits:
+            try:
+                self._splits[split] = read_split(self.cfg.data_dir, split, self.cfg.layout)
+            except SpeechDataError as e:
+                field_name = "train_splits" if split in self.cfg.train_splits else "eval_splits"
+                raise ConfigError(f"field {field_name!r}: {e}") from None
+        return self._splits[split]
+
+    def train_utterances(self) -> list[Utterance]:
+        return [u for s in self.cfg.train_splits for u in self.utterances(s)]
+
+    def check(self) -> None:
+        c = self.cfg
+        if not Path(c.data_dir).is_dir():
+            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
+                              f"(a demo corpus: foundation data make speech --out {c.data_dir})")
+        for i in c.aux_layers:
+            if not 0 <= i < self.backbone_cfg.depth:
+                raise ConfigError(f"field 'aux_layers': layer {i} does not exist in a {self.backbone_cfg.depth}-layer "
+                                  "backbone (0-based)")
+        if self.backbone_cfg.arch != "encoder":
+            raise ConfigError(f"field 'backbone.arch': asr needs an 'encoder' backbone (got {self.backbone_cfg.arch!r})")
+        for split in c.train_splits + c.eval_splits:
+            self.utterances(split)
+        self.prepare()
+        # every utterance now, not at the first evaluation: audio headers and transcripts
+        self._dataset(c.train_splits)
+        self._dataset(c.eval_splits)
+
+    def prepare(self) -> None:
+        """Train the tokenizer and compute the CMVN statistics once (ESPnet's stages 4-5)."""
+        c = self.cfg
+        if not c.tokenizer_path.is_file():
+            texts = [u.text for u in self.train_utterances()]
+            _say(f"training a sentencepiece unigram tokenizer ({c.vocab_size} units) on {len(texts)} transcripts "
+                 f"-> {c.tokenizer_path}")
+            try:
+                train_tokenizer(texts, c.tokenizer_path, c.vocab_size)
+            except ValueError as e:
+                raise ConfigError(f"field 'vocab_size': {e}") from None
+        if not c.stats_path.is_file():
+            utts = self.train_utterances()
+            step = max(1, len(utts) // c.cmvn_max_utterances)
+            chosen = utts[::step][: c.cmvn_max_utterances]
+            _say(f"computing global CMVN statistics over {len(chosen)} training utterances -> {c.stats_path}")
+            save_stats(cmvn_stats(self.features(u) for u in chosen), c.stats_path)
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            path = self.cfg.tokenizer_path
+            if not path.is_file():
+                raise ConfigError(f"field 'prep_dir': no tokenizer at {path}; `foundation train` makes it")
+            self._tokenizer = Tokenizer(path)
+            if self._tokenizer.size != self.cfg.vocab_size + 1:
+                raise ConfigError(f"field 'vocab_size': {path} has {self._tokenizer.size - 1} units, "
+                                  f"the config says {self.cfg.vocab_size}")
+        return self._tokenizer
+
+    def features(self, utt: Utterance) -> torch.Tensor:
+        return fbank(load_audio(utt, self.cfg.sample_rate), self.cfg.sample_rate, self.cfg.num_mel_bins)
+
+    def _dataset(self, splits: list[str]) -> BucketDataset:
+        """Every utterance checked (audio header, transcript) before any training."""
+        c = self.cfg
+        utts, buckets = {}, []
+        for k, split in enumerate(splits):
+            lengths = {}
+            for u in self.utterances(split):
+                if u.id in utts:
+                    raise ConfigError(f"utterance {u.id}: appears twice (splits {splits[utts[u.id][2]]} and {split})")
+                try:
+                    lengths[u.id] = audio_frames(u, c.sample_rate)
+                    utts[u.id] = (u, self.tokenizer.encode(u.text, u.id), k)
+                except (SpeechDataError, TranscriptError) as e:
+                    raise SpeechDataError(f"{split}: {e}") from None
+            buckets += length_buckets(lengths, c.max_frames)
+        return BucketDataset(utts, buckets, self.features, cache=c.cache_features)
+
+    def train_dataset(self) -> BucketDataset:
+        return self._dataset(self.cfg.train_splits)
+
+    def eval_dataset(self) -> BucketDataset:
+        return self._dataset(self.cfg.eval_splits)
+
+    def collate(self, samples: list) -> dict:
+        if len(samples) != 1:
+            raise ConfigError(f"task 'asr': batch_size is {len(samples)}, but this task's dataset items are whole "
+                              "length buckets: set batch_size: 1 in its tasks entry and size batches with max_frames")
+        return collate(samples)
+
+    # ------------------------------------------------------------------ model
+
+    def build_head(self) -> TransducerHead:
+        c = self.cfg
+        specaug = dict(freq_masks=c.freq_masks, freq_mask_width=c.freq_mask_width, time_masks=c.time_masks,
+                       time_mask_ratio=c.time_mask_ratio)
+        head = TransducerHead(
+            dim=self.backbone_cfg.dim, vocab_size=c.vocab_size + 1, num_mel_bins=c.num_mel_bins,
+            vgg_channels=c.vgg_channels, predictor_embed_dim=c.predictor_embed_dim, predictor_dim=c.predictor_dim,
+            predictor_layers=c.predictor_layers, predictor_dropout=c.predictor_dropout, joint_dim=c.joint_dim,
+            joint_sub_batch=c.joint_sub_batch, ctc_weight=c.ctc_weight, aux_transducer_weight=c.aux_transducer_weight,
+            aux_layers=c.aux_layers, aux_mlp_dim=c.aux_mlp_dim,
+            specaug=specaug if c.freq_masks or c.time_masks else None,
+        )
+        # what prepare() wrote, when it is there; a checkpoint brings its own values
+        if c.stats_path.is_file():
+            stats = np.load(c.stats_path)
+            head.cmvn.set_stats(float(stats["count"]), stats["sum"], stats["sum_square"])
+        if c.tokenizer_path.is_file():
+            head.tokenizer_crc.fill_(self.tokenizer.crc)
+        return head
+
+    # ------------------------------------------------------------------ evaluation
+
+    def transcribe(self, head: TransducerHead, enc: torch.Tensor, enc_lens: torch.Tensor) -> list[str]:
+        c = self.cfg
+        if c.decoding == "beam":
+            ids = beam_search(head.predictor, head.joint, enc, enc_lens, c.beam_size, c.beam_search)
+        else:
+            ids = greedy_search(head.predictor, head.joint, enc, enc_lens, c.max_symbols_per_frame)
+        return [self.tokenizer.decode(x) for x in ids]
+
+    def eval_step(self, head: TransducerHead, backbone, batch) -> dict[str, torch.Tensor]:
+        crc = int(head.tokenizer_crc)
+        if crc and crc != self.tokenizer.crc:
+            raise ConfigError(f"field 'prep_dir': the tokenizer {self.tokenizer.path} is not the one this model was "
+                              "trained with (checksums differ)")
+        enc, enc_lens, _ = head.encode(backbone, batch["feats"], batch["feat_lens"])
+        loss = head.losses_from(enc, enc_lens, {}, batch)["rnnt"] * enc.shape[0]
+        hyps = self.transcribe(head, enc.float(), enc_lens)
+        splits = batch["split"].tolist()
+        self._hyps += [(self.cfg.eval_splits[s], u, r, h) for s, u, r, h in zip(splits, batch["ids"], batch["texts"], hyps)]
+        return split_sums(self.cfg.eval_splits, splits, batch["texts"], hyps, loss)
+
+    def metrics(self, totals) -> dict[str, float]:
+        if self.cfg.hyp_dir:
+            self._write_hyps(Path(self.cfg.hyp_dir))
+            _say(f"{self.cfg.decoding} hypotheses and references: {self.cfg.hyp_dir}/"
+                 f"{{{','.join(self.cfg.eval_splits)}}}/{{hyp,ref}}.txt")
+        self._hyps = []
+        return asr_metrics(self.cfg.eval_splits, totals)
+
+    def _write_hyps(self, root: Path) -> None:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        suffix = f".rank{rank}" if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1 else ""
+        for split in self.cfg.eval_splits:
+            rows = sorted((u, r, h) for s, u, r, h in self._hyps if s == split)
+            folder = root / split
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"hyp{suffix}.txt").write_text("".join(f"{u} {h}\n" for u, _, h in rows))
+            (folder / f"ref{suffix}.txt").write_text("".join(f"{u} {r}\n" for u, r, _ in rows))
