@@ -1,0 +1,295 @@
+"""ImageNet-layout image folders, read with errors that name the file, and timm's transforms.
+
+The layout is ImageNet's (``ILSVRC/Data/CLS-LOC`` after the usual val re-sort)::
+
+    ROOT/train/<class>/*.JPEG
+    ROOT/val/<class>/*.JPEG
+
+Class indices are the sorted train folder names (torchvision's ``ImageFolder`` and timm's
+order), so a checkpoint's outputs mean the same classes on any copy of the data. A val
+folder must hold only classes that train has. Problems are found early and named:
+a missing split, an empty class folder, a file that is not an image, an image too
+small to use, a transform that returns the wrong size.
+
+Augmentation is per item and reproducible: every ``__getitem__`` runs the transform with
+Python's, NumPy's and torch's RNGs seeded from (a base seed, the index), where the base
+comes from the DataLoader worker's seed, or, without workers, from one draw of torch's
+RNG, which the engine saves and restores on resume. ``python -m tasks.classification.data
+verify ROOT`` opens every image once and lists the bad ones.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, List, Optional, Sequence
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps, UnidentifiedImageError
+from timm.data import auto_augment
+from timm.data import create_transform
+from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import Dataset
+
+from foundation.config import ConfigError
+
+# what timm and torchvision read; ImageNet's own files are .JPEG
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+SPLITS = ("train", "val")
+MEAN, STD = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+
+class ImageDataError(ValueError):
+    """An image file or folder cannot be used; the message names it."""
+
+
+# --------------------------------------------------------------------------- the folders
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_EXTENSIONS and not path.name.startswith(".")
+
+
+def find_classes(root: str | Path) -> list[str]:
+    """Sorted class folder names of ``root/train``."""
+    split = Path(root) / "train"
+    if not split.is_dir():
+        raise ImageDataError(f"{split}: no such folder; expected the ImageNet layout ROOT/train/<class>/*.JPEG, "
+                             "ROOT/val/<class>/*.JPEG (a demo set: foundation data make vision --out ROOT)")
+    classes = sorted(p.name for p in split.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise ImageDataError(f"{split}: no class folders (expected {split}/<class>/*.JPEG)")
+    return classes
+
+
+def scan_split(root: str | Path, split: str, classes: Sequence[str]) -> list[tuple[Path, int]]:
+    """[(file, class index)] of ``root/split``, files sorted within each class."""
+    folder = Path(root) / split
+    if not folder.is_dir():
+        raise ImageDataError(f"{folder}: no such folder (expected {folder}/<class>/*.JPEG)")
+    index = {name: i for i, name in enumerate(classes)}
+    found = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    stray = [p.name for p in folder.iterdir() if p.is_file() and _is_image(p)]
+    if stray:
+        raise ImageDataError(f"{folder}: image files directly in the split folder ({', '.join(sorted(stray)[:3])}); "
+                             f"put each image in its class folder, {folder}/<class>/")
+    unknown = [p.name for p in found if p.name not in index]
+    if unknown:
+        raise ImageDataError(f"{folder}: class folder(s) {', '.join(unknown[:5])} are not in "
+                             f"{Path(root) / 'train'} ({len(classes)} classes)")
+    samples = []
+    for class_dir in found:
+        files = sorted(p for p in class_dir.iterdir() if p.is_file() and _is_image(p))
+        if not files:
+            raise ImageDataError(f"{class_dir}: empty class folder (no {', '.join(IMAGE_EXTENSIONS[:3])}, ... files)")
+        samples.extend((f, index[class_dir.name]) for f in files)
+    if not samples:
+        raise ImageDataError(f"{folder}: no class folders with images")
+    return samples
+
+
+def load_image(path: str | Path, min_size: int = 1) -> Image.Image:
+    """The RGB image at ``path``; ``ImageDataError`` naming the file if it cannot be read
+    (missing, unreadable, not an image, truncated) or is smaller than ``min_size``."""
+    try:
+        with Image.open(path) as im:
+            im.load()  # decode now: a truncated file fails here, with its name
+            image = im.convert("RGB")
+    except UnidentifiedImageError:
+        raise ImageDataError(f"{path}: not an image file (or a format PIL cannot read)") from None
+    except (OSError, ValueError, SyntaxError) as e:
+        raise ImageDataError(f"{path}: cannot read the image ({e})") from None
+    if min(image.size) < min_size:
+        raise ImageDataError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels, smaller than "
+                             f"min_image_size={min_size}")
+    return image
+
+
+# --------------------------------------------------------------------------- transforms
+
+
+@dataclass
+class TransformConfig:
+    """timm ``create_transform`` settings (their names where they have one)."""
+
+    img_size: int = 224
+    auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1"  # RandAugment 9/0.5 (BEiT, DeiT); null = off
+    color_jitter: float = 0.4  # only when auto_augment is off (timm's rule)
+    re_prob: float = 0.25  # random erasing
+    re_mode: str = "pixel"
+    re_count: int = 1
+    scale: List[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
+    hflip: float = 0.5
+    interpolation: str = "bicubic"
+    crop_pct: float = 0.875  # eval: resize to img_size / crop_pct, then centre-crop
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize, for Pillow >= 12, which refuses to keep 0 bits: keeping 0 bits is
+    a black image, as older Pillow gave (RandAugment's ``PosterizeIncreasing`` at high
+    magnitude asks for 0 bits)."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _fix_posterize(transform: Callable) -> Callable:
+    for t in getattr(transform, "transforms", [transform]):
+        for op in getattr(t, "ops", ()):
+            if getattr(op, "aug_fn", None) is auto_augment.posterize:
+                op.aug_fn = _posterize
+    return transform
+
+
+def build_transform(cfg: TransformConfig, train: bool) -> Callable:
+    """timm's ImageNet transform: RandomResizedCrop + flip + RandAugment + normalise + random
+    erasing for training; resize + centre crop + normalise for evaluation."""
+    if train:
+        return _fix_posterize(create_transform(
+            cfg.img_size, is_training=True, auto_augment=cfg.auto_augment, color_jitter=cfg.color_jitter,
+            re_prob=cfg.re_prob, re_mode=cfg.re_mode, re_count=cfg.re_count, scale=tuple(cfg.scale),
+            hflip=cfg.hflip, interpolation=cfg.interpolation, mean=MEAN, std=STD))
+    return create_transform(cfg.img_size, is_training=False, interpolation=cfg.interpolation,
+                            crop_pct=cfg.crop_pct, mean=MEAN, std=STD)
+
+
+def pretrain_transform(img_size: int, scale: Sequence[float] = (0.08, 1.0), color_jitter: float = 0.4,
+                       hflip: float = 0.5, interpolation: str = "bicubic") -> Callable:
+    """BEiT's pretraining augmentation (Magneto Table 13): random resized crop, colour
+    jitter 0.4, horizontal flip; no RandAugment, no erasing."""
+    return create_transform(img_size, is_training=True, auto_augment=None, color_jitter=color_jitter,
+                            re_prob=0.0, scale=tuple(scale), hflip=hflip, interpolation=interpolation,
+                            mean=MEAN, std=STD)
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Python's, NumPy's and torch's (CPU) RNGs seeded with ``seed`` inside, restored after:
+    transforms written for the global RNGs (timm's, torchvision's) become per-item."""
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+def item_seed(index: int) -> int:
+    """The seed of one item's augmentation: (base, index) hashed, base = the DataLoader
+    worker's base seed (the same for every worker of one loader, so it does not depend on
+    which worker takes the item), or without workers a draw of torch's global RNG."""
+    info = torch.utils.data.get_worker_info()
+    base = info.seed - info.id if info is not None else int(torch.randint(0, 2**62, ()).item())
+    return int(np.random.SeedSequence([base % 2**63, index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+# --------------------------------------------------------------------------- the data set
+
+
+class ImageFolderDataset(Dataset):
+    """``(image tensor, class index)`` items of one split of an ImageNet-layout folder."""
+
+    def __init__(self, root: str | Path, split: str, transform: Callable, *, classes: Sequence[str] | None = None,
+                 min_image_size: int = 1, random_transform: bool = False,
+                 expected_shape: Sequence[int] | None = None):
+        self.root, self.split = Path(root), split
+        self.classes = list(classes) if classes is not None else find_classes(root)
+        self.samples = scan_split(root, split, self.classes)
+        self.transform, self.min_image_size = transform, min_image_size
+        self.random_transform = random_transform  # seed it per item (training augmentation)
+        self.expected_shape = tuple(expected_shape) if expected_shape is not None else None
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def load(self, i: int) -> tuple[Image.Image, int]:
+        path, label = self.samples[i]
+        return load_image(path, self.min_image_size), label
+
+    def sample(self, i: int) -> tuple[torch.Tensor, int, int | None]:
+        """(transformed image, label, the item's augmentation seed or None)."""
+        image, label = self.load(i)
+        seed = item_seed(i) if self.random_transform else None
+        try:
+            if seed is None:
+                x = self.transform(image)
+            else:
+                with seeded(seed):
+                    x = self.transform(image)
+        except Exception as e:  # noqa: BLE001 - a transform failing on one image: say which
+            raise ImageDataError(f"{self.samples[i][0]}: the transform failed ({type(e).__name__}: {e})") from e
+        check_tensor(x, self.samples[i][0], self.expected_shape)
+        return x, label, seed
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        x, label, _ = self.sample(i)
+        return x, label
+
+
+def check_tensor(x, path: Path, shape: tuple[int, ...] | None) -> None:
+    if not isinstance(x, torch.Tensor):
+        raise ImageDataError(f"{path}: the transform returned {type(x).__name__}, not a tensor")
+    if shape is not None and tuple(x.shape) != tuple(shape):
+        raise ImageDataError(f"{path}: the transform gave an image of shape {tuple(x.shape)}, expected {tuple(shape)}")
+
+
+def verify_images(root: str | Path, min_size: int = 1) -> tuple[int, list[str]]:
+    """(number of images, [error messages]) after opening every image of every split."""
+    classes = find_classes(root)
+    errors, n = [], 0
+    for split in SPLITS:
+        if not (Path(root) / split).is_dir():
+            errors.append(f"{Path(root) / split}: no such folder")
+            continue
+        for path, _ in scan_split(root, split, classes):
+            n += 1
+            try:
+                load_image(path, min_size)
+            except ImageDataError as e:
+                errors.append(str(e))
+    return n, errors
+
+
+def check_root(root: str | None, field: str = "data_dir") -> None:
+    """ConfigError naming ``field`` unless ``root`` holds the ImageNet layout."""
+    if root is None:
+        raise ConfigError(f"field {field!r}: set it to an ImageNet-layout folder ROOT/{{train,val}}/<class>/*.JPEG "
+                          "(a demo set: foundation data make vision --out ROOT)")
+    try:
+        classes = find_classes(root)
+        for split in SPLITS:
+            scan_split(root, split, classes)
+    except ImageDataError as e:
+        raise ConfigError(f"field {field!r}: {e}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tasks.classification.data",
+                                description="Check an ImageNet-layout folder: open every image once.")
+    p.add_argument("command", choices=["verify"])
+    p.add_argument("root")
+    p.add_argument("--min-size", type=int, default=1)
+    a = p.parse_args(argv)
+    try:
+        n, errors = verify_images(a.root, a.min_size)
+    except ImageDataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for e in errors:
+        print(e, file=sys.stderr)
+    print(f"{n} images, {len(errors)} bad")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

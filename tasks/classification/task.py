@@ -1,0 +1,152 @@
+"""Image classification fine-tuning (BEiT's ImageNet recipe, Magneto Table 14).
+
+    tasks:
+      - name: classification
+        data_dir: data/vision-demo      # ROOT/{train,val}/<class>/*.JPEG
+        num_classes: 10
+        img_size: 32
+        patch_size: 4
+
+Training augmentation is timm's ``create_transform`` (RandomResizedCrop, flip,
+RandAugment ``rand-m9-mstd0.5-inc1``, random erasing 0.25), then Mixup 0.8 / CutMix 1.0
+with label smoothing 0.1 in the head; evaluation is resize + centre crop, top-1 / top-5.
+Layer decay and drop path are engine / backbone settings (``optim.layer_decay``,
+``backbone.drop_path``).
+
+Fine-tuning from pretraining: the top-level ``init_from`` loads the backbone (the
+engine); ``init_embed_from`` loads this head's front end (``patch_embed``, ``cls_token``,
+``pos_embed``) from the same file - the configs write ``init_embed_from: ${init_from}``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+from timm.data import Mixup
+from torch import nn
+
+from foundation.config import BackboneConfig, ConfigError
+from foundation.engine.task import Task, register_task
+from tasks.classification.data import (ImageDataError, ImageFolderDataset, TransformConfig, build_transform,
+                                       check_root, find_classes)
+from tasks.classification.metrics import classification_metrics, topk_sums
+from tasks.classification.model import ClassificationHead, load_front_end
+
+
+def check_vision_backbone(backbone: BackboneConfig, img_size: int, patch_size: int) -> None:
+    """The backbone and the patch grid fit a ViT front end (one class token)."""
+    if backbone.arch != "encoder" or backbone.experts:
+        raise ConfigError(f"field 'backbone.arch': vision tasks need a plain encoder (got arch={backbone.arch!r}, "
+                          f"experts={list(backbone.experts)})")
+    if img_size % patch_size:
+        raise ConfigError(f"field 'img_size': {img_size} is not a multiple of patch_size={patch_size}")
+    grid = [img_size // patch_size] * 2
+    if backbone.rel_pos == "2d" and (list(backbone.rel_pos_grid) != grid or backbone.rel_pos_prefix != 1):
+        raise ConfigError(f"field 'backbone.rel_pos_grid': must be the patch grid {grid} with rel_pos_prefix 1 "
+                          f"(got {backbone.rel_pos_grid}, {backbone.rel_pos_prefix})")
+
+
+@dataclass
+class ClassificationConfig(TransformConfig):
+    data_dir: Optional[str] = None  # ImageNet layout: ROOT/{train,val}/<class>/*.JPEG
+    num_classes: int = 1000  # must equal the number of class folders in ROOT/train
+    patch_size: int = 16
+    global_pool: str = "avg"  # avg (BEiT's mean pooling) | token (class token)
+    fc_norm: bool = True  # LayerNorm after pooling
+    head_init_scale: float = 0.001  # BEiT: the head's initial weights are scaled down
+    mixup: float = 0.8  # Mixup alpha (0 = off)
+    cutmix: float = 1.0  # CutMix alpha (0 = off)
+    mixup_prob: float = 1.0  # probability of mixing a batch
+    mixup_switch_prob: float = 0.5  # probability of CutMix rather than Mixup when both are on
+    label_smoothing: float = 0.1
+    min_image_size: int = 1  # smaller images are errors naming the file
+    init_embed_from: Optional[str] = None  # checkpoint whose vision front end initialises this one
+
+    def __post_init__(self) -> None:
+        def bad(name: str, msg: str) -> ConfigError:
+            return ConfigError(f"field {name!r}: {msg} (got {getattr(self, name)!r})")
+
+        if self.global_pool not in ("avg", "token"):
+            raise bad("global_pool", "must be avg or token")
+        for name in ("num_classes", "patch_size", "img_size", "min_image_size", "re_count"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        for name in ("re_prob", "mixup_prob", "mixup_switch_prob", "hflip"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise bad(name, "must be in [0, 1]")
+        for name in ("mixup", "cutmix"):
+            if getattr(self, name) < 0:
+                raise bad(name, "must be >= 0")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise bad("label_smoothing", "must be in [0, 1)")
+        if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
+            raise bad("scale", "must be [min, max] with 0 < min <= max <= 1")
+        if not 0 < self.crop_pct <= 1:
+            raise bad("crop_pct", "must be in (0, 1]")
+
+
+@register_task("classification")
+class Classification(Task):
+    Config = ClassificationConfig
+    primary_metric = "top1"
+    higher_is_better = True
+
+    def check(self) -> None:
+        c = self.cfg
+        check_vision_backbone(self.backbone_cfg, c.img_size, c.patch_size)
+        check_root(c.data_dir)
+        classes = find_classes(c.data_dir)
+        if len(classes) != c.num_classes:
+            raise ConfigError(f"field 'num_classes': {c.num_classes}, but {Path(c.data_dir) / 'train'} has "
+                              f"{len(classes)} class folders")
+        if c.init_embed_from is not None and not Path(c.init_embed_from).is_file():
+            raise ConfigError(f"field 'init_embed_from': not found: {c.init_embed_from}")
+
+    def mixup(self) -> Mixup | None:
+        c = self.cfg
+        if c.mixup_prob == 0 or (c.mixup == 0 and c.cutmix == 0):
+            return None
+        return Mixup(mixup_alpha=c.mixup, cutmix_alpha=c.cutmix, prob=c.mixup_prob, switch_prob=c.mixup_switch_prob,
+                     mode="batch", label_smoothing=c.label_smoothing, num_classes=c.num_classes)
+
+    def build_head(self) -> ClassificationHead:
+        c, b = self.cfg, self.backbone_cfg
+        head = ClassificationHead(b.dim, c.num_classes, c.img_size, c.patch_size, global_pool=c.global_pool,
+                                  fc_norm=c.fc_norm, head_init_scale=c.head_init_scale,
+                                  label_smoothing=c.label_smoothing, mixup=self.mixup(), eps=b.layernorm_eps)
+        if c.init_embed_from is not None:
+            # Rebuilding a trained model from its checkpoint (foundation eval, checkpoint.load)
+            # overwrites these weights anyway, so a file gone since training is no error there.
+            if Path(c.init_embed_from).is_file():
+                load_front_end(head, c.init_embed_from)
+            else:
+                print(f"classification: init_embed_from {c.init_embed_from} not found; the front end keeps its "
+                      "initialisation (fine when a checkpoint is loaded next)")
+        return head
+
+    def _dataset(self, split: str) -> ImageFolderDataset:
+        c = self.cfg
+        train = split == "train"
+        try:
+            return ImageFolderDataset(c.data_dir, split, build_transform(c, train), min_image_size=c.min_image_size,
+                                      random_transform=train, expected_shape=(3, c.img_size, c.img_size))
+        except ImageDataError as e:
+            raise ConfigError(f"field 'data_dir': {e}") from None
+
+    def train_dataset(self) -> ImageFolderDataset:
+        return self._dataset("train")
+
+    def eval_dataset(self) -> ImageFolderDataset:
+        return self._dataset("val")
+
+    def collate(self, samples):
+        images, labels = zip(*samples)
+        return {"images": torch.stack(images), "labels": torch.as_tensor(labels, dtype=torch.long)}
+
+    def eval_step(self, head: ClassificationHead, backbone: nn.Module, batch) -> dict[str, torch.Tensor]:
+        return topk_sums(head.logits(backbone, batch["images"]), batch["labels"])
+
+    def metrics(self, totals) -> dict[str, float]:
+        return classification_metrics(totals)

@@ -1,0 +1,73 @@
+"""A trained tokenizer, frozen, as MIM pretraining uses it: images in, visual token ids out.
+
+``load_tokenizer(path)`` reads a tokenizer run's ``model.safetensors`` (or a BEiT v2
+tokenizer converted by ``tasks.vq_tokenizer.convert``): the backbone (its encoder) and
+the ``vq_tokenizer`` head, without the teacher, which encoding does not need.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import nn
+
+from foundation import checkpoint
+from foundation.checkpoint import CheckpointError
+from foundation.transformer import Backbone
+
+
+class FrozenTokenizer(nn.Module):
+    def __init__(self, backbone: Backbone, head: nn.Module, img_size: int, patch_size: int):
+        super().__init__()
+        self.backbone, self.head = backbone, head
+        self.img_size, self.patch_size = img_size, patch_size
+        self.requires_grad_(False).eval()
+
+    @property
+    def num_codes(self) -> int:
+        return self.head.quantize.num_codes
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        return self.head.grid
+
+    def train(self, mode: bool = True) -> "FrozenTokenizer":
+        return super().train(False)  # never updates its codebook
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, 3, H, W) ImageNet-normalised -> ids (B, N)."""
+        return self.head.encode_ids(self.backbone, images)
+
+
+def load_tokenizer(path: str | Path, task_id: Optional[str] = None) -> FrozenTokenizer:
+    """The ``vq_tokenizer`` head (``task_id``, default the only one) and backbone of a run checkpoint."""
+    from foundation.engine import model as _engine_model  # noqa: F401  registers the MultiTaskModel kind
+    from foundation.engine.config import task_specs
+
+    path = Path(path)
+    kind, config = checkpoint.read_config(path)
+    if kind != "MultiTaskModel":
+        raise CheckpointError(f"{path}: a {kind} checkpoint, not a run with a vq_tokenizer task")
+    specs = [s for s in task_specs(config.tasks, str(path)) if s.name == "vq_tokenizer"]
+    if task_id is not None:
+        specs = [s for s in specs if s.id == task_id]
+    if len(specs) != 1:
+        what = f"task {task_id!r}" if task_id else "exactly one vq_tokenizer task"
+        raise CheckpointError(f"{path}: expected {what}; its tasks: "
+                              f"{', '.join(str(t.get('id') or t.get('name')) for t in config.tasks)}")
+    spec = specs[0]
+    task = spec.task(config.backbone)
+    with torch.random.fork_rng(devices=[]):  # building initialises weights: leave the caller's RNG alone
+        tok = FrozenTokenizer(Backbone(config.backbone), task.build_head(teacher=False),
+                              spec.config.img_size, spec.config.patch_size)
+    from safetensors.torch import load_file
+
+    prefix = f"heads.{spec.id}."
+    state = {("head." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in load_file(str(path)).items()
+             if k.startswith((prefix, "backbone."))}
+    checkpoint.load_state_into(tok, state, where=f"{path} (tokenizer {spec.id!r})")
+    if not bool(tok.head.quantize.initted):
+        raise CheckpointError(f"{path}: the tokenizer's codebook was never initialised (no training step)")
+    return tok
