@@ -1,0 +1,76 @@
+"""NLVR2 fine-tuning of BEiT-3 (Magneto Sec. 7; BEiT-3's NLVR2 recipe): is a statement
+true of a pair of images?"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from foundation.config import ConfigError
+from foundation.engine.task import register_task
+from tasks.nlvr2.data import NLVR2Dataset, collate, read_split
+from tasks.nlvr2.metrics import nlvr2_metrics, nlvr2_sums
+from tasks.nlvr2.model import NLVR2Head
+from tasks.vl_common.task import VLConfig, VLTask
+
+
+@dataclass
+class NLVR2Config(VLConfig):
+    data_dir: Optional[str] = None  # holds data/{train,dev,test1}.json (the nlvr2/ folder of lil-lab/nlvr)
+    image_dir: Optional[str] = None  # holds images/train/<directory>/, dev/, test1/ (default: data_dir)
+    train_split: str = "train"
+    eval_split: str = "dev"
+    pretrained_head: bool = False  # also load the head from `pretrained` (a converted BEiT-3 NLVR2 model)
+    max_train_statements: Optional[int] = None  # the first N (quick runs)
+    max_eval_statements: Optional[int] = None
+
+    @property
+    def images(self) -> Optional[str]:
+        return self.image_dir or self.data_dir
+
+
+@register_task("nlvr2")
+class NLVR2(VLTask):
+    Config = NLVR2Config
+    primary_metric = "accuracy"
+    higher_is_better = True
+
+    def check(self) -> None:
+        super().check()
+        c = self.cfg
+        if c.data_dir is None or not Path(c.data_dir).is_dir():
+            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
+                              "(`foundation data make vl --out DIR` writes a demo NLVR2 to DIR/nlvr2)")
+        for split in (c.train_split, c.eval_split):
+            if not (Path(c.data_dir) / "data" / f"{split}.json").is_file():
+                raise ConfigError(f"field 'data_dir': {Path(c.data_dir) / 'data' / f'{split}.json'} not found")
+        if c.pretrained_head and c.pretrained is None:
+            raise ConfigError("field 'pretrained_head': needs `pretrained` (a converted BEiT-3 NLVR2 checkpoint)")
+
+    def build_head(self) -> NLVR2Head:
+        head = NLVR2Head(self.embedding(), self.backbone_cfg.dim, self.backbone_cfg.layernorm_eps)
+        self.load_pretrained(head, ("head.",) if self.cfg.pretrained_head else ())
+        return head
+
+    def _dataset(self, split: str, train: bool, limit: Optional[int]) -> NLVR2Dataset:
+        c = self.cfg
+        statements = read_split(c.data_dir, c.images, split)[:limit]
+        transform = self.image_transform(train)
+        return NLVR2Dataset(statements, self.tokenizer, c.max_text_len, transform, train and self.augments)
+
+    def train_dataset(self) -> NLVR2Dataset:
+        return self._dataset(self.cfg.train_split, True, self.cfg.max_train_statements)
+
+    def eval_dataset(self) -> NLVR2Dataset:
+        return self._dataset(self.cfg.eval_split, False, self.cfg.max_eval_statements)
+
+    def collate(self, samples):
+        return collate(samples, self.tokenizer.pad_id)
+
+    def eval_step(self, head: NLVR2Head, backbone, batch) -> dict[str, torch.Tensor]:
+        return nlvr2_sums(head.logits(backbone, batch), batch["labels"])
+
+    def metrics(self, totals) -> dict[str, float]:
+        return nlvr2_metrics(totals)

@@ -1,0 +1,122 @@
+"""Measure the vision-language table on the demo data: for each rule (magneto, preln) and
+seed, BEiT-3 masked data modeling, then VQA and NLVR2 fine-tuning from scratch and from
+that pretrained model with the same fine-tuning budget; the last evaluation of each run
+(VQA: official accuracy on val2014 with its held-out templates; NLVR2: accuracy on dev).
+
+    foundation data make vl --out data/vl
+    python -m tasks.vl_common.table --seeds 0 1                  # writes checkpoints/vl-table/{results.json,table.md}
+    python -m tasks.vl_common.table --seeds 0 --dry-run          # the commands only
+
+Runs are `foundation train configs/vl/tiny_*.yaml` with run_name / seed / output_dir set;
+a run that already finished is read, not repeated, so an interrupted table resumes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+NORMS = ("magneto", "preln")
+METRICS = {"vqa": "vqa/vqa_accuracy", "nlvr2": "nlvr2/accuracy"}
+
+
+def runs(norm: str, seed: int, out: str, extra: list[str]) -> list[tuple[str, list[str]]]:
+    """(run name, `foundation train` arguments) in the order they must run."""
+    common = [f"seed={seed}", f"output_dir={out}", "overwrite=true", "log.progress=false", *extra]
+    pre = f"pretrain-{norm}-s{seed}"
+    weights = f"{out}/{pre}/best/model.safetensors"
+    plan = [(pre, [f"configs/vl/tiny_pretrain_{norm}.yaml", f"run_name={pre}", *common])]
+    for task in METRICS:
+        config = f"configs/vl/tiny_{task}_{norm}.yaml"
+        plan.append((f"{task}-{norm}-scratch-s{seed}", [config, f"run_name={task}-{norm}-scratch-s{seed}", *common]))
+        plan.append((f"{task}-{norm}-pt-s{seed}", [config, f"run_name={task}-{norm}-pt-s{seed}", f"init_from={weights}",
+                                                  f"tasks.{task}.pretrained={weights}", *common]))
+    return plan
+
+
+def last_eval(run_dir: Path) -> tuple[int, dict[str, float]] | None:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    evals = [r for r in map(json.loads, path.read_text().splitlines()) if any(k.startswith("eval/") for k in r)]
+    if not evals:
+        return None
+    return evals[-1]["step"], {k[5:]: v for k, v in evals[-1].items() if k.startswith("eval/")}
+
+
+def finished(run_dir: Path) -> bool:
+    config = run_dir / "config.yaml"
+    got = last_eval(run_dir)
+    if got is None or not config.is_file():
+        return False
+    from omegaconf import OmegaConf
+
+    return got[0] >= int(OmegaConf.load(config).train.steps)
+
+
+def markdown(results: dict[str, dict]) -> str:
+    seeds = sorted({r["seed"] for r in results.values()})
+    lines = ["| backbone | VL pretraining | VQA accuracy | NLVR2 accuracy |", "|---|---|---|---|"]
+    for norm in NORMS:
+        for pt in ("scratch", "pt"):
+            cells = []
+            for task, metric in METRICS.items():
+                vals = [100 * results[n]["metrics"][metric] for n in (f"{task}-{norm}-{pt}-s{s}" for s in seeds)
+                        if n in results]
+                if not vals:
+                    cells.append("-")
+                    continue
+                spread = f" ± {statistics.stdev(vals):.1f}" if len(vals) > 1 else ""
+                cells.append(f"{statistics.mean(vals):.1f}{spread} ({', '.join(f'{v:.1f}' for v in vals)})")
+            label = {"magneto": "Magneto", "preln": "Pre-LN"}[norm]
+            lines.append(f"| {label} | {'yes' if pt == 'pt' else 'no'} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + f"\n\nmean ± std over seeds {', '.join(map(str, seeds))} (per seed in brackets)\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tasks.vl_common.table", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every run")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--norms", nargs="+", choices=NORMS, default=list(NORMS))
+    p.add_argument("--out", default="checkpoints/vl-table")
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    results_path = out / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.is_file() else {}
+    for seed in a.seeds:
+        for norm in a.norms:
+            for name, args in runs(norm, seed, a.out, a.overrides):
+                cmd = [sys.executable, "-m", "foundation.cli", "train", *args]
+                if a.dry_run:
+                    print("foundation train " + " ".join(args))
+                    continue
+                run_dir = out / name
+                if not finished(run_dir):
+                    start = time.perf_counter()
+                    print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
+                    log = out / f"{name}.log"
+                    out.mkdir(parents=True, exist_ok=True)
+                    with open(log, "w") as f:
+                        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+                    if rc != 0:
+                        print(f"{name} failed (exit {rc}); see {log}", file=sys.stderr)
+                        return rc
+                    print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+                step, metrics = last_eval(run_dir)
+                results[name] = {"seed": seed, "norm": norm, "step": step, "metrics": metrics}
+                results_path.write_text(json.dumps(results, indent=1, sort_keys=True))
+    if not a.dry_run:
+        table = markdown(results)
+        (out / "table.md").write_text(table)
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

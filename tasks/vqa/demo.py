@@ -1,0 +1,427 @@
+"""Embedded vision-language demo data: CLEVR-like scenes, questions, statements and
+captions, written in the real data sets' layouts.
+
+    foundation data make vl --out data/vl                       (~10 s)
+    foundation data make vl --out DIR --image-size 64 --vqa-train 4000 --seed 1
+
+A scene is 2 to 5 objects (6 colours x 3 shapes) drawn at random, non-overlapping places
+on a light, slightly noisy background. Generated from it:
+
+* VQA v2 layout (``DIR/vqa``): questions of five families (count, colour, shape,
+  existence, spatial relation), each with 10 human answers (most are right, some are
+  plausible mistakes, so soft scores matter), ``question_type`` / ``answer_type`` /
+  ``multiple_choice_answer`` as in VQA v2. Images ``DIR/vqa/{train2014,val2014}/COCO_*.jpg``.
+* NLVR2 layout (``DIR/nlvr2``): image pairs, each with one true and one false statement
+  (so the text alone is at chance), ``data/{train,dev}.json`` (json lines),
+  ``images/train/<directory>/*-img{0,1}.png`` and ``dev/*-img{0,1}.png``.
+* COCO captions layout (``DIR/coco/annotations/captions_{train2014,val2014}.json``) over
+  the VQA images, for image-text pretraining; a text corpus (``DIR/text/{train,val}.txt``,
+  one sentence per line) of descriptions of other scenes, for text-only MLM.
+
+Every question family and statement kind has templates seen in training and held-out
+templates that appear only in the evaluation split (half of its questions use one); the
+``question_type`` of those starts with the held-out wording. Everything is a pure function
+of (seed, split, index): the same seed writes the same files on any machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+COLORS = {"red": (215, 45, 40), "green": (40, 160, 60), "blue": (45, 85, 215),
+          "yellow": (230, 200, 30), "purple": (145, 60, 185), "gray": (120, 120, 120)}
+SHAPES = ("circle", "square", "triangle")
+SPLIT_CODES = {"train": 0, "val": 1, "text": 2}
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five")
+SUPERSAMPLE = 4
+RELATIONS = {"left": "to the left of", "right": "to the right of", "above": "above", "below": "below"}
+
+
+@dataclass(frozen=True)
+class Obj:
+    color: str
+    shape: str
+    x: float  # centre, in [0, 1] of the image width / height (y grows downwards)
+    y: float
+
+    @property
+    def name(self) -> str:
+        return f"{self.color} {self.shape}"
+
+
+# --------------------------------------------------------------------------- scenes
+
+
+def make_scene(rng: np.random.Generator, radius: float, n_min: int = 2, n_max: int = 5) -> list[Obj]:
+    n = int(rng.integers(n_min, n_max + 1))
+    objs: list[Obj] = []
+    while len(objs) < n:
+        x, y = rng.uniform(radius, 1 - radius, 2)
+        if all(math.hypot(x - o.x, y - o.y) > 2.6 * radius for o in objs):
+            objs.append(Obj(str(rng.choice(list(COLORS))), str(rng.choice(SHAPES)), float(x), float(y)))
+    return objs
+
+
+def render(objs: list[Obj], size: int, radius: float, rng: np.random.Generator) -> Image.Image:
+    big = size * SUPERSAMPLE
+    shade = int(rng.integers(215, 245))
+    im = Image.new("RGB", (big, big), (shade, shade, shade - int(rng.integers(0, 15))))
+    draw = ImageDraw.Draw(im)
+    r = radius * big
+    for o in objs:
+        cx, cy = o.x * big, o.y * big
+        if o.shape == "circle":
+            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=COLORS[o.color])
+        elif o.shape == "square":
+            s = r * 0.88
+            draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=COLORS[o.color])
+        else:
+            draw.polygon([(cx, cy - r), (cx + r * 1.05, cy + r * 0.8), (cx - r * 1.05, cy + r * 0.8)], fill=COLORS[o.color])
+    im = im.resize((size, size), Image.BOX)
+    noise = rng.normal(0, 4, (size, size, 3))
+    return Image.fromarray(np.clip(np.asarray(im, dtype=np.float64) + noise, 0, 255).astype(np.uint8))
+
+
+def count(objs: list[Obj], color: str | None = None, shape: str | None = None) -> int:
+    return sum(1 for o in objs if (color is None or o.color == color) and (shape is None or o.shape == shape))
+
+
+def unique_by(objs: list[Obj], attr: str) -> list[Obj]:
+    c = Counter(getattr(o, attr) for o in objs)
+    return [o for o in objs if c[getattr(o, attr)] == 1]
+
+
+def relation(a: Obj, b: Obj, rel: str, radius: float) -> bool | None:
+    """Whether ``a`` is ``rel`` of ``b``; None when too close to say."""
+    d = {"left": b.x - a.x, "right": a.x - b.x, "above": b.y - a.y, "below": a.y - b.y}[rel]
+    return None if abs(d) < radius else d > 0
+
+
+# --------------------------------------------------------------------------- VQA questions
+
+# (family, train templates, held-out templates); {x} is a plural noun phrase
+QUESTION_TEMPLATES = {
+    "count": (["How many {x} are there?", "How many {x} are in the picture?"], ["What is the number of {x}?"]),
+    "color": (["What color is the {shape}?", "What is the color of the {shape}?"], ["Which color does the {shape} have?"]),
+    "shape": (["What shape is the {color} object?", "What is the shape of the {color} thing?"],
+              ["Which shape does the {color} object have?"]),
+    "exist": (["Is there a {color} {shape}?", "Are there any {color} {shape}s?"], ["Does the picture contain a {color} {shape}?"]),
+    "spatial": (["Is the {a} {rel} the {b}?", "Is the {a} located {rel} the {b}?"], ["Would you say the {a} is {rel} the {b}?"]),
+}
+ANSWER_TYPES = {"count": "number", "color": "other", "shape": "other", "exist": "yes/no", "spatial": "yes/no"}
+
+
+def _noun(rng, objs: list[Obj]) -> tuple[str, int]:
+    """A plural noun phrase and how many objects it covers (mostly present ones)."""
+    pool = objs if rng.random() < 0.8 else [Obj(str(rng.choice(list(COLORS))), str(rng.choice(SHAPES)), 0, 0)]
+    o = pool[int(rng.integers(len(pool)))]
+    kind = int(rng.integers(3))
+    if kind == 0:
+        return f"{o.color} objects", count(objs, color=o.color)
+    if kind == 1:
+        return f"{o.shape}s", count(objs, shape=o.shape)
+    return f"{o.color} {o.shape}s", count(objs, o.color, o.shape)
+
+
+def question(rng, objs: list[Obj], family: str, held_out: bool, radius: float) -> tuple[str, str] | None:
+    """(question, right answer) of ``family`` about the scene, or None when it has no such question."""
+    templates = QUESTION_TEMPLATES[family][1 if held_out else 0]
+    t = templates[int(rng.integers(len(templates)))]
+    if family == "count":
+        x, n = _noun(rng, objs)
+        return t.format(x=x), str(n)
+    if family == "color":
+        cands = unique_by(objs, "shape")
+        if not cands:
+            return None
+        o = cands[int(rng.integers(len(cands)))]
+        return t.format(shape=o.shape), o.color
+    if family == "shape":
+        cands = unique_by(objs, "color")
+        if not cands:
+            return None
+        o = cands[int(rng.integers(len(cands)))]
+        return t.format(color=o.color), o.shape
+    if family == "exist":
+        if rng.random() < 0.5:
+            o = objs[int(rng.integers(len(objs)))]
+            return t.format(color=o.color, shape=o.shape), "yes"
+        absent = [(c, s) for c in COLORS for s in SHAPES if not count(objs, c, s)]
+        c, s = absent[int(rng.integers(len(absent)))]
+        return t.format(color=c, shape=s), "no"
+    named = unique_by(objs, "name") if len(objs) > 1 else []
+    for _ in range(10):
+        if len(named) < 2:
+            return None
+        i, j = rng.choice(len(named), 2, replace=False)
+        rel = str(rng.choice(list(RELATIONS)))
+        truth = relation(named[i], named[j], rel, radius)
+        if truth is not None:
+            return t.format(a=named[i].name, rel=RELATIONS[rel], b=named[j].name), "yes" if truth else "no"
+    return None
+
+
+def human_answers(rng, family: str, right: str, p_right: float = 0.88) -> list[str]:
+    """10 answers: mostly ``right``, otherwise a plausible mistake of the same kind."""
+    out = []
+    for _ in range(10):
+        if rng.random() < p_right:
+            out.append(right)
+        elif family == "count":
+            out.append(str(max(0, int(right) + int(rng.choice([-1, 1])))))
+        elif family == "color":
+            out.append(str(rng.choice([c for c in COLORS if c != right])))
+        elif family == "shape":
+            out.append(str(rng.choice([s for s in SHAPES if s != right])))
+        else:
+            out.append("no" if right == "yes" else "yes")
+    return out
+
+
+def vqa_split(out: Path, split: str, coco_split: str, n_images: int, per_image: int, seed: int, size: int,
+              radius: float, id_offset: int) -> tuple[list[dict], list[tuple[int, list[Obj]]]]:
+    img_dir = out / "vqa" / coco_split
+    img_dir.mkdir(parents=True, exist_ok=True)
+    questions, annotations, scenes = [], [], []
+    for k in range(n_images):
+        rng = np.random.default_rng([seed, SPLIT_CODES[split], k])
+        image_id = id_offset + k
+        objs = make_scene(rng, radius)
+        render(objs, size, radius, rng).save(img_dir / f"COCO_{coco_split}_{image_id:012d}.jpg", quality=95)
+        scenes.append((image_id, objs))
+        made, asked = 0, set()
+        for _ in range(50 * per_image):
+            if made == per_image:
+                break
+            family = str(rng.choice(list(QUESTION_TEMPLATES)))
+            held_out = split == "val" and rng.random() < 0.5
+            qa = question(rng, objs, family, held_out, radius)
+            if qa is None or qa[0] in asked:
+                continue
+            q, right = qa
+            asked.add(q)
+            qid = image_id * 1000 + made
+            answers = human_answers(rng, family, right)
+            questions.append({"image_id": image_id, "question": q, "question_id": qid})
+            annotations.append({
+                "question_type": ("held-out: " if held_out else "") + " ".join(q.lower().rstrip("?").split()[:3]),
+                "multiple_choice_answer": Counter(answers).most_common(1)[0][0],
+                "answers": [{"answer": a, "answer_confidence": "yes" if a == right else "maybe", "answer_id": i + 1}
+                            for i, a in enumerate(answers)],
+                "image_id": image_id, "answer_type": ANSWER_TYPES[family], "question_id": qid,
+            })
+            made += 1
+    common = {"info": {"description": "foundation demo data in the VQA v2 layout", "version": "2.0"},
+              "license": {"name": "generated", "url": ""}, "data_subtype": coco_split}
+    _write_json(out / "vqa" / f"v2_OpenEnded_mscoco_{coco_split}_questions.json",
+                {**common, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions})
+    _write_json(out / "vqa" / f"v2_mscoco_{coco_split}_annotations.json",
+                {**common, "data_type": "mscoco", "annotations": annotations})
+    return annotations, scenes
+
+
+# --------------------------------------------------------------------------- captions and text
+
+
+def _listing(objs: list[Obj]) -> str:
+    names = [f"a {o.name}" for o in objs]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def captions(rng, objs: list[Obj], radius: float, n: int) -> list[str]:
+    """Up to ``n`` descriptions of a scene, each in a different style."""
+    out = []
+    for kind in rng.permutation(["list", "count", "relation", "color", "contains"]):
+        o = objs[int(rng.integers(len(objs)))]
+        if kind == "list":
+            out.append(f"{_listing(objs)}.".capitalize())
+        elif kind == "count":
+            out.append(f"The picture contains {NUMBER_WORDS[len(objs)]} objects: {_listing(objs)}.")
+        elif kind == "color":
+            n_same = count(objs, shape=o.shape)
+            out.append(f"The {o.shape} on the picture has a {o.color} color." if n_same == 1
+                       else f"The number of {o.shape}s is {NUMBER_WORDS[n_same]}.")
+        elif kind == "contains":
+            others = len(objs) - 1
+            out.append(f"The image contains a {o.name} and {NUMBER_WORDS[others]} other object{'s' * (others != 1)}.")
+        elif len(objs) > 1:
+            i, j = rng.choice(len(objs), 2, replace=False)
+            rel = str(rng.choice(list(RELATIONS)))
+            if relation(objs[i], objs[j], rel, radius):
+                out.append(f"A {objs[i].name} is {RELATIONS[rel]} a {objs[j].name}.")
+        if len(out) == n:
+            break
+    return out
+
+
+def coco_captions(out: Path, coco_split: str, scenes, seed: int, radius: float) -> None:
+    images, anns = [], []
+    for image_id, objs in scenes:
+        rng = np.random.default_rng([seed, 7, image_id])
+        images.append({"id": image_id, "file_name": f"COCO_{coco_split}_{image_id:012d}.jpg", "height": 0, "width": 0})
+        for c in captions(rng, objs, radius, 2):
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "caption": c})
+    _write_json(out / "coco" / "annotations" / f"captions_{coco_split}.json",
+                {"info": {"description": "foundation demo captions in the COCO layout"}, "images": images,
+                 "annotations": anns, "licenses": []})
+
+
+def text_corpus(out: Path, name: str, lines: int, seed: int, radius: float) -> None:
+    rng = np.random.default_rng([seed, SPLIT_CODES["text"], 0 if name == "train" else 1])
+    text = []
+    while len(text) < lines:
+        text += captions(rng, make_scene(rng, radius), radius, 2)
+    path = out / "text" / f"{name}.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(text[:lines]) + "\n")
+
+
+# --------------------------------------------------------------------------- NLVR2 statements
+
+
+def _np(o: Obj, kind: int, n: int) -> str:
+    """A noun phrase for ``n`` objects like ``o``: by colour+shape, shape, or colour."""
+    word = [o.name, o.shape, f"{o.color} object"][kind]
+    return word if n == 1 else word + "s"
+
+
+def _covered(objs: list[Obj], o: Obj, kind: int) -> int:
+    return count(objs, *[(o.color, o.shape), (None, o.shape), (o.color, None)][kind])
+
+
+STATEMENTS = {  # (train templates, held-out templates)
+    "exact": (["The {side} image contains exactly {n} {x}.", "There {be} exactly {n} {x} in the {side} image."],
+              ["Exactly {n} {x} can be seen in the {side} image."]),
+    "more": (["There are more {xp} in the left image than in the right image.",
+              "The right image has fewer {xp} than the left image."],
+             ["The left picture shows more {xp} than the right picture."]),
+    "both": (["Both images contain a {xs}.", "Each image has at least one {xs}."], ["A {xs} appears in both images."]),
+    "total": (["There are {n} {x} in total.", "In total, the two images contain {n} {x}."],
+              ["Altogether {n} {x} are visible."]),
+}
+
+
+def statement(rng, left: list[Obj], right: list[Obj], held_out: bool) -> tuple[str, bool]:
+    kind = str(rng.choice(list(STATEMENTS)))
+    templates = STATEMENTS[kind][1 if held_out else 0]
+    t = templates[int(rng.integers(len(templates)))]
+    pool = left + right
+    o, nk = pool[int(rng.integers(len(pool)))], int(rng.integers(3))
+    cl, cr = _covered(left, o, nk), _covered(right, o, nk)
+    if kind == "exact":
+        side, actual = ("left", cl) if rng.random() < 0.5 else ("right", cr)
+        n = int(np.clip(actual + rng.choice([0, 0, -1, 1]), 1, 4))
+        return t.format(side=side, n=NUMBER_WORDS[n], x=_np(o, nk, n), be="is" if n == 1 else "are"), n == actual
+    if kind == "more":
+        return t.format(xp=_np(o, nk, 2)), cl > cr
+    if kind == "both":
+        return t.format(xs=_np(o, nk, 1)), cl > 0 and cr > 0
+    n = int(np.clip(cl + cr + rng.choice([0, 0, -1, 1]), 1, 5))
+    return t.format(n=NUMBER_WORDS[n], x=_np(o, nk, n)), n == cl + cr
+
+
+def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, radius: float) -> int:
+    name = "train" if split == "train" else "dev"
+    records = []
+    for k in range(n_pairs):
+        rng = np.random.default_rng([seed, 10 + SPLIT_CODES[split], k])
+        scenes = [make_scene(rng, radius), make_scene(rng, radius)]
+        directory = k % 100
+        img_dir = out / "nlvr2" / ("images/train/" + str(directory) if name == "train" else "dev")
+        img_dir.mkdir(parents=True, exist_ok=True)
+        prefix = f"{name}-{k}-0"
+        for side, objs in enumerate(scenes):
+            render(objs, size, radius, rng).save(img_dir / f"{prefix}-img{side}.png")
+        wanted = [True, False]
+        for _ in range(300):  # one true and one false statement per pair
+            held_out = name == "dev" and rng.random() < 0.5
+            text, truth = statement(rng, *scenes, held_out)
+            if truth in wanted:
+                wanted.remove(truth)
+                rec = {"identifier": f"{prefix}-{1 - len(wanted)}", "sentence": text, "label": str(truth),
+                       "left_url": "", "right_url": "", "writer": "demo", "synset": "", "query": "",
+                       "validation": {}, "extra_validations": {}}
+                if name == "train":
+                    rec["directory"] = directory
+                records.append(rec)
+                if not wanted:
+                    break
+    path = out / "nlvr2" / "data" / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return len(records)
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _write_json(path: Path, data) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data))
+
+
+def write_dataset(out: Path, *, seed: int = 0, image_size: int = 48, vqa_train: int = 2000, vqa_val: int = 300,
+                  questions_per_image: int = 5, nlvr2_train: int = 2000, nlvr2_dev: int = 300,
+                  text_lines: int = 20000) -> dict[str, int]:
+    radius = 0.11
+    train_ann, train_scenes = vqa_split(out, "train", "train2014", vqa_train, questions_per_image, seed, image_size,
+                                        radius, id_offset=1)
+    val_ann, val_scenes = vqa_split(out, "val", "val2014", vqa_val, questions_per_image, seed, image_size, radius,
+                                    id_offset=1_000_000)
+    coco_captions(out, "train2014", train_scenes, seed, radius)
+    coco_captions(out, "val2014", val_scenes, seed, radius)
+    text_corpus(out, "train", text_lines, seed, radius)
+    text_corpus(out, "val", max(1, text_lines // 20), seed, radius)
+    return {
+        "vqa train questions": len(train_ann), "vqa val questions": len(val_ann),
+        "nlvr2 train statements": nlvr2_split(out, "train", nlvr2_train, seed, image_size, radius),
+        "nlvr2 dev statements": nlvr2_split(out, "val", nlvr2_dev, seed, image_size, radius),
+        "caption images": len(train_scenes) + len(val_scenes), "text lines": text_lines,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="foundation data make vl", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="output directory (vqa/, nlvr2/, coco/, text/)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--image-size", type=int, default=48)
+    p.add_argument("--vqa-train", type=int, default=2000, help="training images (questions-per-image questions each)")
+    p.add_argument("--vqa-val", type=int, default=300)
+    p.add_argument("--questions-per-image", type=int, default=5)
+    p.add_argument("--nlvr2-train", type=int, default=2000, help="training image pairs (two statements each)")
+    p.add_argument("--nlvr2-dev", type=int, default=300)
+    p.add_argument("--text-lines", type=int, default=20000)
+    p.add_argument("--force", action="store_true", help="replace an existing output directory")
+    a = p.parse_args(argv)
+    if a.image_size < 16:
+        p.error("--image-size must be >= 16")
+    if a.out.exists() and any(a.out.iterdir()):
+        if not a.force:
+            print(f"foundation data make vl: {a.out} is not empty (--force replaces it)", file=sys.stderr)
+            return 2
+        shutil.rmtree(a.out)
+    start = time.perf_counter()
+    counts = write_dataset(a.out, seed=a.seed, image_size=a.image_size, vqa_train=a.vqa_train, vqa_val=a.vqa_val,
+                           questions_per_image=a.questions_per_image, nlvr2_train=a.nlvr2_train,
+                           nlvr2_dev=a.nlvr2_dev, text_lines=a.text_lines)
+    print(f"wrote {a.out} in {time.perf_counter() - start:.1f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    print(f"  {a.out}/vqa      VQA v2 layout (train2014 / val2014)     -> configs/vl/tiny_vqa_*.yaml")
+    print(f"  {a.out}/nlvr2    NLVR2 layout (train / dev)              -> configs/vl/tiny_nlvr2_*.yaml")
+    print(f"  {a.out}/coco     COCO captions layout (images in vqa/)    -> configs/vl/tiny_pretrain_*.yaml")
+    print(f"  {a.out}/text     text corpus, one sentence per line      -> configs/vl/tiny_pretrain_*.yaml")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,129 @@
+"""VQA v2 fine-tuning of BEiT-3 (Magneto Sec. 7; BEiT-3's VQA recipe): official json layout
+in, the official VQA accuracy out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import torch
+
+from foundation.config import ConfigError
+from foundation.engine.task import register_task
+from tasks.vl_common.task import VLConfig, VLTask
+from tasks.vqa.data import ANNOTATIONS, IMAGES, QUESTIONS, VQADataset, answer_vocabulary, collate, read_answer_list, read_split
+from tasks.vqa.metrics import vqa_accuracy, vqa_metrics
+from tasks.vqa.model import VQAHead
+
+OUT_OF_VOCAB = ("error", "skip")
+
+
+@dataclass
+class VQAConfig(VLConfig):
+    data_dir: Optional[str] = None  # images: DATA_DIR/{split}/COCO_{split}_{image_id:012d}.jpg
+    annotation_dir: Optional[str] = None  # the official jsons (default: data_dir)
+    train_split: str = "train2014"
+    eval_split: str = "val2014"
+    image_pattern: str = IMAGES  # relative to data_dir; {split} and {image_id}
+    min_answer_count: int = 9  # majority answers seen this often form the vocabulary
+    vocab_splits: List[str] = field(default_factory=list)  # counted in; default [train_split] (BEiT-3: train + val)
+    answer_vocab: Optional[str] = None  # or a fixed list: BEiT-3's answer2label.txt / one answer per line
+    # the vocabulary itself: filled from answer_vocab or the train annotations when empty, and
+    # saved with the run, so that a checkpoint carries the meaning of its outputs
+    answers: List[str] = field(default_factory=list)
+    out_of_vocab: str = "error"  # a training question with no answer in the vocabulary: error | skip (BEiT-3)
+    pretrained_head: bool = False  # also load pooler + head from `pretrained` (a converted BEiT-3 VQA model)
+    max_train_questions: Optional[int] = None  # the first N (quick runs)
+    max_eval_questions: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.out_of_vocab not in OUT_OF_VOCAB:
+            raise ConfigError(f"field 'out_of_vocab': must be error or skip (got {self.out_of_vocab!r})")
+        if self.min_answer_count < 1:
+            raise ConfigError(f"field 'min_answer_count': must be >= 1 (got {self.min_answer_count})")
+        if not self.answers:
+            self.answers = self._answers()
+        if len(set(self.answers)) != len(self.answers):
+            raise ConfigError("field 'answers': an answer appears twice")
+
+    @property
+    def annotations(self) -> str:
+        return self.annotation_dir or self.data_dir
+
+    def _answers(self) -> List[str]:
+        if self.answer_vocab is not None:
+            return read_answer_list(self.answer_vocab)
+        if self.data_dir is None:
+            raise ConfigError("field 'data_dir': set it to the VQA v2 root (`foundation data make vl --out DIR` "
+                              "writes a demo one to DIR/vqa); the answer vocabulary is built from its train split")
+        splits = self.vocab_splits or [self.train_split]
+        questions = [q for split in splits for q in read_split(self.annotations, self.data_dir, split, self.image_pattern)]
+        answers = answer_vocabulary(questions, self.min_answer_count)
+        if not answers:
+            raise ConfigError(f"field 'min_answer_count': no answer of {', '.join(splits)} is seen "
+                              f"{self.min_answer_count} times")
+        return answers
+
+
+@register_task("vqa")
+class VQA(VLTask):
+    Config = VQAConfig
+    primary_metric = "vqa_accuracy"
+    higher_is_better = True
+
+    def check(self) -> None:
+        super().check()
+        c = self.cfg
+        if c.data_dir is None or not Path(c.data_dir).is_dir():
+            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
+                              "(`foundation data make vl --out DIR` writes a demo VQA v2 to DIR/vqa)")
+        for split in (c.train_split, c.eval_split):
+            for pattern in (QUESTIONS, ANNOTATIONS):
+                path = Path(c.annotations) / pattern.format(split=split)
+                if not path.is_file():
+                    raise ConfigError(f"field 'annotation_dir': {path} not found")
+        if c.pretrained_head and c.pretrained is None:
+            raise ConfigError("field 'pretrained_head': needs `pretrained` (a converted BEiT-3 VQA checkpoint)")
+
+    def build_head(self) -> VQAHead:
+        head = VQAHead(self.embedding(), self.backbone_cfg.dim, len(self.cfg.answers), self.backbone_cfg.layernorm_eps)
+        self.load_pretrained(head, ("pooler.", "head.") if self.cfg.pretrained_head else ())
+        return head
+
+    def _dataset(self, split: str, train: bool, limit: Optional[int]) -> VQADataset:
+        c = self.cfg
+        questions = read_split(c.annotations, c.data_dir, split, c.image_pattern)[:limit]
+        transform = self.image_transform(train)
+        dataset = VQADataset(questions, c.answers, self.tokenizer, c.max_text_len, transform, train, c.out_of_vocab,
+                             random_transform=train and self.augments)
+        if dataset.skipped:
+            print(f"vqa: {split}: skipped {dataset.skipped} of {len(questions)} questions with no answer in the "
+                  f"{len(c.answers)}-answer vocabulary (out_of_vocab: skip)")
+        return dataset
+
+    def train_dataset(self) -> VQADataset:
+        return self._dataset(self.cfg.train_split, True, self.cfg.max_train_questions)
+
+    def eval_dataset(self) -> VQADataset:
+        return self._dataset(self.cfg.eval_split, False, self.cfg.max_eval_questions)
+
+    def collate(self, samples):
+        return collate(samples, self.tokenizer.pad_id, len(self.cfg.answers))
+
+    def predict(self, head: VQAHead, backbone, batch) -> tuple[torch.Tensor, list[str]]:
+        logits = head.logits(backbone, batch)
+        return logits, [self.cfg.answers[i] for i in logits.argmax(1).tolist()]
+
+    def eval_step(self, head: VQAHead, backbone, batch) -> dict[str, torch.Tensor]:
+        logits, predicted = self.predict(head, backbone, batch)
+        top = logits.argmax(1, keepdim=True)
+        return {
+            "questions": torch.tensor(float(len(predicted))),
+            "accuracy": torch.tensor(sum(vqa_accuracy(p, a) for p, a in zip(predicted, batch["answers"]))),
+            "score": batch["targets"].gather(1, top).sum().double(),
+            "loss_sum": head.loss(logits, batch["targets"], reduction="sum").double(),
+        }
+
+    def metrics(self, totals) -> dict[str, float]:
+        return vqa_metrics(totals)
