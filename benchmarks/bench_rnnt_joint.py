@@ -10,11 +10,11 @@ Each variant runs forward + backward once in a fresh process, so that its peak i
 * ``sub=k``: ``tasks.asr.transducer.transducer_loss(..., sub_batch=k)``: the same loss and
   gradients, k utterances of the lattice at a time.
 
-Memory is reported three ways: ``peak`` (CPU: growth of the process's peak resident set,
+Memory is reported two ways: ``peak`` (CPU: growth of the process's peak resident set,
 ``ru_maxrss``, over the resident set once the inputs exist; CUDA: ``max_memory_allocated``
-over what was allocated before), ``saved`` (bytes of the tensors autograd keeps from
-forward to backward, counted by ``saved_tensors_hooks``), and ``lattice``: the size of one
-fp32 (B, T, U + 1, V) tensor, for scale. Time is one forward + backward.
+over what was allocated before) and ``saved for backward`` (the distinct storages autograd
+still holds between forward and backward, counted with ``saved_tensors_hooks``); the size
+of one fp32 (B, T, U + 1, V) lattice is printed for scale. Time is one forward + backward.
 """
 from __future__ import annotations
 
@@ -33,6 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 def _rss_bytes() -> int:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _Saved:
+    """A tensor autograd keeps for backward; counts the distinct storages still alive
+    (a sub-batch's own graph is gone when its gradients are taken)."""
+
+    live: dict[int, tuple[int, int]] = {}  # id(self) -> (storage pointer, bytes)
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        storage = tensor.untyped_storage()
+        _Saved.live[id(self)] = (storage.data_ptr(), storage.nbytes())
+
+    def __del__(self):
+        _Saved.live.pop(id(self), None)
+
+    @staticmethod
+    def live_bytes() -> int:
+        return sum(dict(_Saved.live.values()).values())
 
 
 def run_variant(a: argparse.Namespace, sub_batch: int) -> dict:
@@ -59,16 +78,10 @@ def run_variant(a: argparse.Namespace, sub_batch: int) -> dict:
         base = torch.cuda.memory_allocated()
     else:
         base = _rss_bytes()
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        saved[id(t)] = t.numel() * t.element_size()
-        return t
-
     start = time.perf_counter()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(_Saved, lambda packed: packed.tensor):
         loss = transducer_loss(enc, dec, lin_out, torch.tanh, targets, enc_lens, tgt_lens, sub_batch=sub_batch)
-    saved_bytes = sum(saved.values())
+    saved_bytes = _Saved.live_bytes()
     loss.backward()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -98,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     lattice = a.batch * a.frames * (a.units + 1) * a.vocab * 4
     print(f"B={a.batch} T={a.frames} U={a.units} V={a.vocab} J={a.joint_dim} on {a.device}; "
-          f"one fp32 (B, T, U+1, V) lattice = {lattice / 2**30:.2f} GiB; "
+          f"one fp32 (B, T, U+1, V) lattice = {lattice / 2**20:,.0f} MiB; "
           f"torch threads: {os.environ.get('OMP_NUM_THREADS', 'default')}")
     rows = []
     for sub in [0] + a.sub_batch:
@@ -113,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| variant | peak memory | saved for backward | time (fwd+bwd) | loss - full |")
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['variant']} | {r['peak_bytes'] / 2**30:.2f} GiB | {r['saved_bytes'] / 2**30:.3f} GiB | "
+        print(f"| {r['variant']} | {r['peak_bytes'] / 2**20:,.0f} MiB | {r['saved_bytes'] / 2**20:,.1f} MiB | "
               f"{r['seconds']:.1f} s | {r['loss'] - full['loss']:+.2e} |")
     if a.json:
         a.json.write_text(json.dumps({"args": {k: v for k, v in vars(a).items() if k != "json"}, "rows": rows},

@@ -146,3 +146,27 @@ def test_sub_batched_joint_under_bf16_autocast_is_fp32_inside():
                           tgt_lens, sub_batch=0)
     assert loss.dtype == torch.float32 and torch.allclose(loss, ref, rtol=1e-5)
     assert enc16.grad.dtype == torch.bfloat16 and dec16.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.slow  # two fresh Python processes importing torch: slow on a busy machine
+def test_joint_benchmark_runs_at_toy_size(tmp_path, capsys):
+    """benchmarks/bench_rnnt_joint.py: every variant in its own process, the same loss, and
+    the sub-batched variants keep only (B, T, J)-sized gradients for backward."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rnnt_joint.py"
+    spec = importlib.util.spec_from_file_location("bench_rnnt_joint", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "rows.json"
+    args = ["--batch", "4", "--frames", "30", "--units", "6", "--vocab", "301", "--joint-dim", "16",
+            "--sub-batch", "1", "--json", str(out)]
+    assert bench.main(args) == 0
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["rows"]}
+    assert set(rows) == {"full", "sub=1"}
+    assert abs(rows["full"]["loss"] - rows["sub=1"]["loss"]) < 1e-3 * abs(rows["full"]["loss"])
+    lattice = 4 * 30 * 7 * 301 * 4
+    assert rows["full"]["saved_bytes"] >= lattice > 10 * rows["sub=1"]["saved_bytes"]
+    assert "| full |" in capsys.readouterr().out

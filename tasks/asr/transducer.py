@@ -8,7 +8,7 @@ T = 400 frames of 40 ms, U = 80 units, V = 5000) that is 5 G floats, 20 GB, and
 expensive part - broadcast sum, activation, ``lin_out``, loss - runs sub-batch by
 sub-batch inside one autograd function that computes each sub-batch's gradients with
 respect to the projections and ``lin_out`` right away and frees the rest. Peak memory is
-that of one sub-batch; the gradients are exactly those of the whole computation (a test
+that of one sub-batch; the gradients are those of the whole computation, up to rounding (a test
 checks). NeMo's "fused" joint does the sub-batching too, but keeps every sub-batch's graph
 until backward; here nothing of size T x U x V outlives its sub-batch.
 """

@@ -1,11 +1,13 @@
 """Measure the vision-language table on the demo data: for each rule (magneto, preln) and
 seed, BEiT-3 masked data modeling, then VQA and NLVR2 fine-tuning from scratch and from
 that pretrained model with the same fine-tuning budget; the last evaluation of each run
-(VQA: official accuracy on val2014 with its held-out templates; NLVR2: accuracy on dev).
+(VQA: official accuracy on val2014; NLVR2: accuracy on dev), also split into items whose
+question / statement template was seen in training and the held-out ones.
 
     foundation data make vl --out data/vl
     python -m tasks.vl_common.table --seeds 0 1                  # writes checkpoints/vl-table/{results.json,table.md}
     python -m tasks.vl_common.table --seeds 0 --dry-run          # the commands only
+    python -m tasks.vl_common.table --seeds 0 1 --report         # tabulate what has finished
 
 Runs are `foundation train configs/vl/tiny_*.yaml` with run_name / seed / output_dir set;
 a run that already finished is read, not repeated, so an interrupted table resumes.
@@ -19,6 +21,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import torch
 
 NORMS = ("magneto", "preln")
 METRICS = {"vqa": "vqa/vqa_accuracy", "nlvr2": "nlvr2/accuracy"}
@@ -58,23 +62,59 @@ def finished(run_dir: Path) -> bool:
     return got[0] >= int(OmegaConf.load(config).train.steps)
 
 
+@torch.no_grad()
+def template_breakdown(run_dir: Path) -> dict[str, float]:
+    """Accuracy of the last checkpoint on evaluation items with seen / held-out templates."""
+    from foundation import checkpoint
+    from foundation.engine import model as _  # noqa: F401  registers the MultiTaskModel checkpoint kind
+    from tasks.vqa.demo import is_held_out
+    from tasks.vqa.metrics import vqa_accuracy
+
+    last = max((run_dir / "ckpt").glob("step_*"))
+    model = checkpoint.load(last / "model.safetensors").eval()
+    (tid, task), = model.tasks.items()
+    data = task.eval_dataset()
+    scores = []
+    for batch in torch.utils.data.DataLoader(data, batch_size=64, collate_fn=task.collate):
+        if task.name == "vqa":
+            _, answers = task.predict(model.heads[tid], model.backbone, batch)
+            scores += [vqa_accuracy(p, a) for p, a in zip(answers, batch["answers"])]
+        else:
+            logits = model.heads[tid].logits(model.backbone, batch)
+            scores += (logits.argmax(1) == batch["labels"]).float().tolist()
+    texts = [q.question for q in data.questions] if task.name == "vqa" else [s.sentence for s in data.statements]
+    held = [is_held_out(t) for t in texts]
+    out = {}
+    for name, want in (("seen", False), ("held_out", True)):
+        picked = [x for x, h in zip(scores, held) if h == want]
+        if picked:
+            out[name] = sum(picked) / len(picked)
+    return out
+
+
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    spread = f" ± {statistics.stdev(values):.1f}" if len(values) > 1 else ""
+    return f"{statistics.mean(values):.1f}{spread} ({', '.join(f'{v:.1f}' for v in values)})"
+
+
 def markdown(results: dict[str, dict]) -> str:
     seeds = sorted({r["seed"] for r in results.values()})
-    lines = ["| backbone | VL pretraining | VQA accuracy | NLVR2 accuracy |", "|---|---|---|---|"]
+    lines = ["| backbone | VL pretraining | VQA accuracy | VQA seen / held-out templates | NLVR2 accuracy | "
+             "NLVR2 seen / held-out templates |", "|---|---|---|---|---|---|"]
     for norm in NORMS:
         for pt in ("scratch", "pt"):
             cells = []
             for task, metric in METRICS.items():
-                vals = [100 * results[n]["metrics"][metric] for n in (f"{task}-{norm}-{pt}-s{s}" for s in seeds)
-                        if n in results]
-                if not vals:
-                    cells.append("-")
-                    continue
-                spread = f" ± {statistics.stdev(vals):.1f}" if len(vals) > 1 else ""
-                cells.append(f"{statistics.mean(vals):.1f}{spread} ({', '.join(f'{v:.1f}' for v in vals)})")
+                runs = [results[n] for n in (f"{task}-{norm}-{pt}-s{s}" for s in seeds) if n in results]
+                cells.append(_cell([100 * r["metrics"][metric] for r in runs]))
+                parts = [[100 * r["templates"][k] for r in runs if k in r.get("templates", {})] for k in ("seen", "held_out")]
+                cells.append(" / ".join(f"{statistics.mean(p):.1f}" if p else "-" for p in parts))
             label = {"magneto": "Magneto", "preln": "Pre-LN"}[norm]
-            lines.append(f"| {label} | {'yes' if pt == 'pt' else 'no'} | {cells[0]} | {cells[1]} |")
-    return "\n".join(lines) + f"\n\nmean ± std over seeds {', '.join(map(str, seeds))} (per seed in brackets)\n"
+            lines.append(f"| {label} | {'yes' if pt == 'pt' else 'no'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (f"\n\nlast evaluation of each run, in %; mean ± std over seeds {', '.join(map(str, seeds))} "
+                               "(per seed in brackets); seen / held-out: means over seeds\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--norms", nargs="+", choices=NORMS, default=list(NORMS))
     p.add_argument("--out", default="checkpoints/vl-table")
-    p.add_argument("--dry-run", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="print the commands only")
+    p.add_argument("--report", action="store_true", help="only tabulate the runs that finished; start none")
     a = p.parse_args(argv)
     out = Path(a.out)
     results_path = out / "results.json"
@@ -97,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                     print("foundation train " + " ".join(args))
                     continue
                 run_dir = out / name
+                if not finished(run_dir) and a.report:
+                    continue
                 if not finished(run_dir):
                     start = time.perf_counter()
                     print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
@@ -109,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
                         return rc
                     print(f"  {time.perf_counter() - start:.0f} s", flush=True)
                 step, metrics = last_eval(run_dir)
-                results[name] = {"seed": seed, "norm": norm, "step": step, "metrics": metrics}
+                result = {"seed": seed, "norm": norm, "step": step, "metrics": metrics}
+                if not name.startswith("pretrain"):
+                    result["templates"] = results.get(name, {}).get("templates") or template_breakdown(run_dir)
+                results[name] = result
                 results_path.write_text(json.dumps(results, indent=1, sort_keys=True))
     if not a.dry_run:
         table = markdown(results)

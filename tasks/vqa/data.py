@@ -207,7 +207,7 @@ class VQADataset(Dataset):
             raise DataError(f"{q.record}: {e}") from None
         labels, scores = self.targets[i]
         return {"image": image, "text": ids, "labels": labels, "scores": scores,
-                "answers": q.answers or [], "question_id": q.question_id}
+                "answers": q.answers or [], "answer_type": q.answer_type, "question_id": q.question_id}
 
 
 def collate(samples: list[dict], pad_id: int, num_answers: int) -> dict[str, Any]:
@@ -220,5 +220,6 @@ def collate(samples: list[dict], pad_id: int, num_answers: int) -> dict[str, Any
         "images": torch.stack([s["image"] for s in samples]),
         "text_ids": ids, "text_padding_mask": pad, "targets": target,
         "answers": [s["answers"] for s in samples],
+        "answer_type": [s["answer_type"] for s in samples],
         "question_id": torch.as_tensor([s["question_id"] for s in samples]),
     }

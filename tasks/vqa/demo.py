@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import sys
 import time
@@ -62,14 +63,30 @@ class Obj:
 # --------------------------------------------------------------------------- scenes
 
 
-def make_scene(rng: np.random.Generator, radius: float, n_min: int = 2, n_max: int = 5) -> list[Obj]:
-    n = int(rng.integers(n_min, n_max + 1))
-    objs: list[Obj] = []
-    while len(objs) < n:
-        x, y = rng.uniform(radius, 1 - radius, 2)
-        if all(math.hypot(x - o.x, y - o.y) > 2.6 * radius for o in objs):
-            objs.append(Obj(str(rng.choice(list(COLORS))), str(rng.choice(SHAPES)), float(x), float(y)))
-    return objs
+@dataclass(frozen=True)
+class SceneSpec:
+    radius: float = 0.11  # object radius, a fraction of the image side
+    min_objects: int = 2
+    max_objects: int = 5
+
+    def __post_init__(self) -> None:
+        if not 0.02 <= self.radius <= 0.2:
+            raise ValueError(f"object radius {self.radius} must be in [0.02, 0.2] of the image side")
+        if not 1 <= self.min_objects <= self.max_objects <= 5:
+            raise ValueError(f"objects per scene: need 1 <= min ({self.min_objects}) <= max ({self.max_objects}) <= 5")
+
+
+def make_scene(rng: np.random.Generator, spec: SceneSpec) -> list[Obj]:
+    n, radius = int(rng.integers(spec.min_objects, spec.max_objects + 1)), spec.radius
+    for _ in range(100):  # random placement can paint itself into a corner: start over
+        objs: list[Obj] = []
+        for _ in range(200):
+            x, y = rng.uniform(radius, 1 - radius, 2)
+            if all(math.hypot(x - o.x, y - o.y) > 2.6 * radius for o in objs):
+                objs.append(Obj(str(rng.choice(list(COLORS))), str(rng.choice(SHAPES)), float(x), float(y)))
+                if len(objs) == n:
+                    return objs
+    raise ValueError(f"cannot place {n} objects of radius {radius} without overlap; use smaller or fewer objects")
 
 
 def render(objs: list[Obj], size: int, radius: float, rng: np.random.Generator) -> Image.Image:
@@ -189,14 +206,15 @@ def human_answers(rng, family: str, right: str, p_right: float = 0.88) -> list[s
 
 
 def vqa_split(out: Path, split: str, coco_split: str, n_images: int, per_image: int, seed: int, size: int,
-              radius: float, id_offset: int) -> tuple[list[dict], list[tuple[int, list[Obj]]]]:
+              spec: SceneSpec, id_offset: int) -> tuple[list[dict], list[tuple[int, list[Obj]]]]:
+    radius = spec.radius
     img_dir = out / "vqa" / coco_split
     img_dir.mkdir(parents=True, exist_ok=True)
     questions, annotations, scenes = [], [], []
     for k in range(n_images):
         rng = np.random.default_rng([seed, SPLIT_CODES[split], k])
         image_id = id_offset + k
-        objs = make_scene(rng, radius)
+        objs = make_scene(rng, spec)
         render(objs, size, radius, rng).save(img_dir / f"COCO_{coco_split}_{image_id:012d}.jpg", quality=95)
         scenes.append((image_id, objs))
         made, asked = 0, set()
@@ -276,11 +294,11 @@ def coco_captions(out: Path, coco_split: str, scenes, seed: int, radius: float) 
                  "annotations": anns, "licenses": []})
 
 
-def text_corpus(out: Path, name: str, lines: int, seed: int, radius: float) -> None:
+def text_corpus(out: Path, name: str, lines: int, seed: int, spec: SceneSpec) -> None:
     rng = np.random.default_rng([seed, SPLIT_CODES["text"], 0 if name == "train" else 1])
     text = []
     while len(text) < lines:
-        text += captions(rng, make_scene(rng, radius), radius, 2)
+        text += captions(rng, make_scene(rng, spec), spec.radius, 2)
     path = out / "text" / f"{name}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(text[:lines]) + "\n")
@@ -330,18 +348,18 @@ def statement(rng, left: list[Obj], right: list[Obj], held_out: bool) -> tuple[s
     return t.format(n=NUMBER_WORDS[n], x=_np(o, nk, n)), n == cl + cr
 
 
-def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, radius: float) -> int:
+def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, spec: SceneSpec) -> int:
     name = "train" if split == "train" else "dev"
     records = []
     for k in range(n_pairs):
         rng = np.random.default_rng([seed, 10 + SPLIT_CODES[split], k])
-        scenes = [make_scene(rng, radius), make_scene(rng, radius)]
+        scenes = [make_scene(rng, spec), make_scene(rng, spec)]
         directory = k % 100
         img_dir = out / "nlvr2" / ("images/train/" + str(directory) if name == "train" else "dev")
         img_dir.mkdir(parents=True, exist_ok=True)
         prefix = f"{name}-{k}-0"
         for side, objs in enumerate(scenes):
-            render(objs, size, radius, rng).save(img_dir / f"{prefix}-img{side}.png")
+            render(objs, size, spec.radius, rng).save(img_dir / f"{prefix}-img{side}.png")
         wanted = [True, False]
         for _ in range(300):  # one true and one false statement per pair
             held_out = name == "dev" and rng.random() < 0.5
@@ -362,6 +380,22 @@ def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, radiu
     return len(records)
 
 
+# --------------------------------------------------------------------------- held-out templates
+
+
+def _pattern(template: str) -> re.Pattern:
+    parts = re.split(r"\{[a-z]+\}", template)
+    return re.compile(".+".join(re.escape(p) for p in parts) + "$")
+
+
+_HELD_OUT = [_pattern(t) for table in (QUESTION_TEMPLATES, STATEMENTS) for _, held in table.values() for t in held]
+
+
+def is_held_out(text: str) -> bool:
+    """Whether a demo question or statement uses a template held out of training."""
+    return any(p.match(text) for p in _HELD_OUT)
+
+
 # --------------------------------------------------------------------------- writing
 
 
@@ -372,20 +406,20 @@ def _write_json(path: Path, data) -> None:
 
 def write_dataset(out: Path, *, seed: int = 0, image_size: int = 48, vqa_train: int = 2000, vqa_val: int = 300,
                   questions_per_image: int = 5, nlvr2_train: int = 2000, nlvr2_dev: int = 300,
-                  text_lines: int = 20000) -> dict[str, int]:
-    radius = 0.11
+                  text_lines: int = 20000, scene: SceneSpec = SceneSpec()) -> dict[str, int]:
+    r = scene.radius
     train_ann, train_scenes = vqa_split(out, "train", "train2014", vqa_train, questions_per_image, seed, image_size,
-                                        radius, id_offset=1)
-    val_ann, val_scenes = vqa_split(out, "val", "val2014", vqa_val, questions_per_image, seed, image_size, radius,
+                                        scene, id_offset=1)
+    val_ann, val_scenes = vqa_split(out, "val", "val2014", vqa_val, questions_per_image, seed, image_size, scene,
                                     id_offset=1_000_000)
-    coco_captions(out, "train2014", train_scenes, seed, radius)
-    coco_captions(out, "val2014", val_scenes, seed, radius)
-    text_corpus(out, "train", text_lines, seed, radius)
-    text_corpus(out, "val", max(1, text_lines // 20), seed, radius)
+    coco_captions(out, "train2014", train_scenes, seed, r)
+    coco_captions(out, "val2014", val_scenes, seed, r)
+    text_corpus(out, "train", text_lines, seed, scene)
+    text_corpus(out, "val", max(1, text_lines // 20), seed, scene)
     return {
         "vqa train questions": len(train_ann), "vqa val questions": len(val_ann),
-        "nlvr2 train statements": nlvr2_split(out, "train", nlvr2_train, seed, image_size, radius),
-        "nlvr2 dev statements": nlvr2_split(out, "val", nlvr2_dev, seed, image_size, radius),
+        "nlvr2 train statements": nlvr2_split(out, "train", nlvr2_train, seed, image_size, scene),
+        "nlvr2 dev statements": nlvr2_split(out, "val", nlvr2_dev, seed, image_size, scene),
         "caption images": len(train_scenes) + len(val_scenes), "text lines": text_lines,
     }
 
@@ -402,10 +436,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nlvr2-train", type=int, default=2000, help="training image pairs (two statements each)")
     p.add_argument("--nlvr2-dev", type=int, default=300)
     p.add_argument("--text-lines", type=int, default=20000)
+    p.add_argument("--objects", type=int, nargs=2, default=[2, 5], metavar=("MIN", "MAX"), help="objects per scene (<= 5)")
+    p.add_argument("--object-size", type=float, default=0.11, help="object radius, a fraction of the image side")
     p.add_argument("--force", action="store_true", help="replace an existing output directory")
     a = p.parse_args(argv)
     if a.image_size < 16:
         p.error("--image-size must be >= 16")
+    try:
+        scene = SceneSpec(a.object_size, *a.objects)
+    except ValueError as e:
+        p.error(str(e))
     if a.out.exists() and any(a.out.iterdir()):
         if not a.force:
             print(f"foundation data make vl: {a.out} is not empty (--force replaces it)", file=sys.stderr)
@@ -414,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     counts = write_dataset(a.out, seed=a.seed, image_size=a.image_size, vqa_train=a.vqa_train, vqa_val=a.vqa_val,
                            questions_per_image=a.questions_per_image, nlvr2_train=a.nlvr2_train,
-                           nlvr2_dev=a.nlvr2_dev, text_lines=a.text_lines)
+                           nlvr2_dev=a.nlvr2_dev, text_lines=a.text_lines, scene=scene)
     print(f"wrote {a.out} in {time.perf_counter() - start:.1f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     print(f"  {a.out}/vqa      VQA v2 layout (train2014 / val2014)     -> configs/vl/tiny_vqa_*.yaml")
     print(f"  {a.out}/nlvr2    NLVR2 layout (train / dev)              -> configs/vl/tiny_nlvr2_*.yaml")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 SOFT_SCORES = (0.0, 0.3, 0.6, 0.9, 1.0)  # by how many of 10 humans gave the answer (4 or more: 1.0)
+ANSWER_TYPES = {"yes/no": "yes_no", "number": "number", "other": "other"}  # VQA v2's, as metric names
 
 _PUNCT = (";", ":", "/", "'", "[", "]", '"', "(", ")", "=", "+", "\\", "_", ">", "<", "@", "`", ",", "?", "!")
 _DIGIT_COMMA_DIGIT = re.compile(r"(\d)(,)(\d)")
@@ -128,12 +129,28 @@ def evaluate_results(results: str | Path | list, annotations: Mapping[int, Mappi
             "perAnswerType": {t: 100 * sum(v) / len(v) for t, v in sorted(by_type.items())}}
 
 
+def type_sums(accuracies: Sequence[float], answer_types: Sequence[str]) -> dict[str, float]:
+    """Per answer type sums (every type always present, so every process adds the same keys)."""
+    sums = {f"{k}_{name}": 0.0 for name in ANSWER_TYPES.values() for k in ("accuracy", "questions")}
+    for acc, t in zip(accuracies, answer_types):
+        if t in ANSWER_TYPES:
+            sums[f"accuracy_{ANSWER_TYPES[t]}"] += acc
+            sums[f"questions_{ANSWER_TYPES[t]}"] += 1
+    return sums
+
+
 def vqa_metrics(totals: Mapping) -> dict[str, float]:
-    """From the sums of ``eval_step``: official accuracy, BEiT-3's soft score of the top answer
-    (equal to the accuracy when every human answer is in the vocabulary) and the loss."""
+    """From the sums of ``eval_step``: official accuracy (overall and per answer type, as the
+    official evaluator reports it), BEiT-3's soft score of the top answer (equal to the
+    accuracy when every human answer is in the vocabulary) and the loss."""
     n = float(totals["questions"])
-    return {
+    out = {
         "vqa_accuracy": float(totals["accuracy"]) / n,
         "vqa_score": float(totals["score"]) / n,
         "loss": float(totals["loss_sum"]) / n,
     }
+    for name in ANSWER_TYPES.values():
+        m = float(totals.get(f"questions_{name}", 0.0))
+        if m:
+            out[f"vqa_accuracy_{name}"] = float(totals[f"accuracy_{name}"]) / m
+    return out

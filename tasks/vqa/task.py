@@ -12,7 +12,7 @@ from foundation.config import ConfigError
 from foundation.engine.task import register_task
 from tasks.vl_common.task import VLConfig, VLTask
 from tasks.vqa.data import ANNOTATIONS, IMAGES, QUESTIONS, VQADataset, answer_vocabulary, collate, read_answer_list, read_split
-from tasks.vqa.metrics import vqa_accuracy, vqa_metrics
+from tasks.vqa.metrics import type_sums, vqa_accuracy, vqa_metrics
 from tasks.vqa.model import VQAHead
 
 OUT_OF_VOCAB = ("error", "skip")
@@ -118,11 +118,14 @@ class VQA(VLTask):
     def eval_step(self, head: VQAHead, backbone, batch) -> dict[str, torch.Tensor]:
         logits, predicted = self.predict(head, backbone, batch)
         top = logits.argmax(1, keepdim=True)
+        accuracies = [vqa_accuracy(p, a) for p, a in zip(predicted, batch["answers"])]
+        by_type = type_sums(accuracies, batch["answer_type"])
         return {
             "questions": torch.tensor(float(len(predicted))),
-            "accuracy": torch.tensor(sum(vqa_accuracy(p, a) for p, a in zip(predicted, batch["answers"]))),
+            "accuracy": torch.tensor(sum(accuracies)),
             "score": batch["targets"].gather(1, top).sum().double(),
             "loss_sum": head.loss(logits, batch["targets"], reduction="sum").double(),
+            **{k: torch.tensor(v, dtype=torch.float64) for k, v in by_type.items()},
         }
 
     def metrics(self, totals) -> dict[str, float]:
