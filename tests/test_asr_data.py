@@ -11,7 +11,7 @@ import soundfile as sf
 import torch
 
 from foundation.config import ConfigError
-from tasks.asr.data import (audio_frames, cmvn_stats, collate, fbank, length_buckets, load_audio, num_frames,
+from tasks.asr.data import (audio_frames, cmvn_stats, fbank, length_buckets, load_audio, num_frames,
                             read_kaldi_dir, read_librispeech)
 from tasks.asr.demo import VOICES, make_corpus
 from tasks.asr.model import GlobalCMVN

@@ -58,7 +58,8 @@ def test_head_losses_and_sub_batching_agree():
         assert set(logs) == {"rnnt", "ctc", "aux_rnnt", "utts"}
         backbone.zero_grad(), head.zero_grad()
         loss.backward()
-        grads.append([p.grad.clone() for p in list(backbone.parameters()) + list(head.parameters()) if p.grad is not None])
+        params = list(backbone.parameters()) + list(head.parameters())
+        grads.append([p.grad.clone() for p in params if p.grad is not None])
         assert torch.isfinite(loss)
     assert len(grads[0]) == len(grads[1])
     for a, b in zip(*grads):

@@ -110,3 +110,38 @@ def test_paper_configs(norm):
         model = BEiT3(BEiT3Config(backbone=b, vocab_size=49409, img_size=224, patch_size=16))
     layers = sum(p.numel() for n, p in model.named_parameters() if n.startswith("backbone"))
     assert 165e6 < layers < 175e6  # 24 multiway layers of 544 / 2176
+
+
+def test_single_task_trains_under_ddp(demo, tmp_path, monkeypatch):
+    """DDP (find_unused_parameters=False for one task) refuses parameters without gradients:
+    parts of the shared embedding no head uses (VQA: the mask token) are frozen."""
+    import torch.distributed as dist
+
+    from foundation.engine.config import resolve
+    from foundation.engine.model import ModelConfig, MultiTaskModel
+
+    task = {"name": "vqa", **FRONT, "data_dir": str(demo / "vqa"), "min_answer_count": 1}
+    cfg, specs = resolve({"backbone": {**BACKBONE, "final_norm": False}, "tasks": [task]})
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    assert not model.heads["vqa"].embed.mask_token.requires_grad
+    assert model.heads["vqa"].embed.cls_token.requires_grad
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29533")
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        ddp = torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False)
+        data = model.tasks["vqa"].train_dataset()
+        batch = model.tasks["vqa"].collate([data[i] for i in range(4)])
+        for _ in range(2):  # the second step is where DDP reports unused parameters
+            loss, _ = ddp("vqa", batch)
+            loss.backward()
+    finally:
+        dist.destroy_process_group()
+    # a text-only pretraining model freezes the image parts; adding a pair task thaws them
+    text_only = [t for t in pretrain_tasks(demo) if t["kind"] == "text"]
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": text_only})
+    embed = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs)).heads["text"].embed
+    assert not embed.cls_token.requires_grad and embed.text_embed.weight.requires_grad
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": pretrain_tasks(demo)})
+    embed = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs)).heads["text"].embed
+    assert all(p.requires_grad for p in embed.parameters())

@@ -149,7 +149,8 @@ class ASR(Task):
                 raise ConfigError(f"field 'aux_layers': layer {i} does not exist in a {self.backbone_cfg.depth}-layer "
                                   "backbone (0-based)")
         if self.backbone_cfg.arch != "encoder":
-            raise ConfigError(f"field 'backbone.arch': asr needs an 'encoder' backbone (got {self.backbone_cfg.arch!r})")
+            raise ConfigError(f"field 'backbone.arch': asr needs an 'encoder' backbone "
+                              f"(got {self.backbone_cfg.arch!r})")
         for split in c.train_splits + c.eval_splits:
             self.utterances(split)
         self.prepare()
@@ -260,7 +261,8 @@ class ASR(Task):
         loss = head.losses_from(enc, enc_lens, {}, batch)["rnnt"] * enc.shape[0]
         hyps = self.transcribe(head, enc.float(), enc_lens)
         splits = batch["split"].tolist()
-        self._hyps += [(self.cfg.eval_splits[s], u, r, h) for s, u, r, h in zip(splits, batch["ids"], batch["texts"], hyps)]
+        names = [self.cfg.eval_splits[s] for s in splits]
+        self._hyps += list(zip(names, batch["ids"], batch["texts"], hyps))
         return split_sums(self.cfg.eval_splits, splits, batch["texts"], hyps, loss)
 
     def metrics(self, totals) -> dict[str, float]:

@@ -112,6 +112,12 @@ class BEiT3Embedding(nn.Module):
                 padding = torch.cat([padding.new_zeros(x.shape[0], x.shape[1] - padding.shape[1]), padding], dim=1)
         return x, padding, segments
 
+    def parts(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by what uses them: text inputs, image inputs, masked image inputs."""
+        return {"text": [self.text_embed.weight, self.text_pos],
+                "vision": [*self.patch_embed.parameters(), self.cls_token, self.vision_pos],
+                "mask": [self.mask_token]}
+
     def no_weight_decay(self) -> list[str]:
         """As BEiT-3 (positions, class token) plus the mask token."""
         return ["cls_token", "mask_token", "vision_pos", "text_pos"]

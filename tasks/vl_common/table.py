@@ -63,33 +63,39 @@ def finished(run_dir: Path) -> bool:
 
 
 @torch.no_grad()
-def template_breakdown(run_dir: Path) -> dict[str, float]:
-    """Accuracy of the last checkpoint on evaluation items with seen / held-out templates."""
+def breakdown(run_dir: Path) -> dict[str, float]:
+    """Accuracy of the last checkpoint on evaluation items whose template was seen in training
+    and on held-out ones, and on all items with the images shuffled across the batch (how
+    much the model looks at the images at all)."""
     from foundation import checkpoint
-    from foundation.engine import model as _  # noqa: F401  registers the MultiTaskModel checkpoint kind
+    from foundation.engine.model import MultiTaskModel  # (registers its checkpoint kind)
     from tasks.vqa.demo import is_held_out
     from tasks.vqa.metrics import vqa_accuracy
 
     last = max((run_dir / "ckpt").glob("step_*"))
     model = checkpoint.load(last / "model.safetensors").eval()
+    assert isinstance(model, MultiTaskModel)
     (tid, task), = model.tasks.items()
-    data = task.eval_dataset()
-    scores = []
+    head, data = model.heads[tid], task.eval_dataset()
+    g = torch.Generator().manual_seed(0)
+    scores, shuffled = [], []
     for batch in torch.utils.data.DataLoader(data, batch_size=64, collate_fn=task.collate):
-        if task.name == "vqa":
-            _, answers = task.predict(model.heads[tid], model.backbone, batch)
-            scores += [vqa_accuracy(p, a) for p, a in zip(answers, batch["answers"])]
-        else:
-            logits = model.heads[tid].logits(model.backbone, batch)
-            scores += (logits.argmax(1) == batch["labels"]).float().tolist()
+        perm = torch.randperm(len(batch["text_ids"]), generator=g)
+        other = {**batch, **{k: batch[k][perm] for k in ("images", "left", "right") if k in batch}}
+        for b, out in ((batch, scores), (other, shuffled)):
+            if task.name == "vqa":
+                _, answers = task.predict(head, model.backbone, b)
+                out += [vqa_accuracy(p, a) for p, a in zip(answers, b["answers"])]
+            else:
+                out += (head.logits(model.backbone, b).argmax(1) == b["labels"]).float().tolist()
     texts = [q.question for q in data.questions] if task.name == "vqa" else [s.sentence for s in data.statements]
     held = [is_held_out(t) for t in texts]
-    out = {}
+    result = {"shuffled_images": sum(shuffled) / len(shuffled)}
     for name, want in (("seen", False), ("held_out", True)):
         picked = [x for x, h in zip(scores, held) if h == want]
         if picked:
-            out[name] = sum(picked) / len(picked)
-    return out
+            result[name] = sum(picked) / len(picked)
+    return result
 
 
 def _cell(values: list[float]) -> str:
@@ -99,22 +105,29 @@ def _cell(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f}{spread} ({', '.join(f'{v:.1f}' for v in values)})"
 
 
+def _mean(runs: list[dict], key: str) -> str:
+    values = [100 * r["breakdown"][key] for r in runs if key in r.get("breakdown", {})]
+    return f"{statistics.mean(values):.1f}" if values else "-"
+
+
 def markdown(results: dict[str, dict]) -> str:
     seeds = sorted({r["seed"] for r in results.values()})
-    lines = ["| backbone | VL pretraining | VQA accuracy | VQA seen / held-out templates | NLVR2 accuracy | "
-             "NLVR2 seen / held-out templates |", "|---|---|---|---|---|---|"]
+    head = " | ".join(f"{t} accuracy | seen / held-out | images shuffled" for t in ("VQA", "NLVR2"))
+    lines = [f"| backbone | VL pretraining | {head} |", "|---|---|" + "---|" * 6]
     for norm in NORMS:
         for pt in ("scratch", "pt"):
             cells = []
             for task, metric in METRICS.items():
                 runs = [results[n] for n in (f"{task}-{norm}-{pt}-s{s}" for s in seeds) if n in results]
-                cells.append(_cell([100 * r["metrics"][metric] for r in runs]))
-                parts = [[100 * r["templates"][k] for r in runs if k in r.get("templates", {})] for k in ("seen", "held_out")]
-                cells.append(" / ".join(f"{statistics.mean(p):.1f}" if p else "-" for p in parts))
+                cells += [_cell([100 * r["metrics"][metric] for r in runs]),
+                          f"{_mean(runs, 'seen')} / {_mean(runs, 'held_out')}", _mean(runs, "shuffled_images")]
             label = {"magneto": "Magneto", "preln": "Pre-LN"}[norm]
             lines.append(f"| {label} | {'yes' if pt == 'pt' else 'no'} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + (f"\n\nlast evaluation of each run, in %; mean ± std over seeds {', '.join(map(str, seeds))} "
-                               "(per seed in brackets); seen / held-out: means over seeds\n")
+    return "\n".join(lines) + (
+        f"\n\nLast evaluation of each run, in %: mean ± std over seeds {', '.join(map(str, seeds))} (per seed in "
+        "brackets). seen / held-out: items whose question / statement template was seen in training / held out; "
+        "images shuffled: the same evaluation with the images of a batch permuted (a model that ignores the "
+        "images scores the same). Means over seeds.\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 step, metrics = last_eval(run_dir)
                 result = {"seed": seed, "norm": norm, "step": step, "metrics": metrics}
                 if not name.startswith("pretrain"):
-                    result["templates"] = results.get(name, {}).get("templates") or template_breakdown(run_dir)
+                    result["breakdown"] = results.get(name, {}).get("breakdown") or breakdown(run_dir)
                 results[name] = result
                 results_path.write_text(json.dumps(results, indent=1, sort_keys=True))
     if not a.dry_run:

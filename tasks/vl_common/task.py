@@ -82,6 +82,7 @@ class _Group:
         self.modules: dict[str, nn.Module] = {}
         self.settings: dict[str, tuple[dict[str, Any], str]] = {}  # name -> (settings, first task)
         self.loaded: set[str] = set()  # files whose embedding is already in the shared one
+        self.uses: set[str] = set()  # parts of the embedding some head uses (see VLTask.embedding)
 
 
 _GROUPS: dict[int, tuple[weakref.ref, _Group]] = {}
@@ -159,11 +160,19 @@ class VLTask(Task):
                               + "; ".join(diff))
         return group.modules[name]
 
-    def embedding(self) -> BEiT3Embedding:
-        """The BEiT-3 embedding shared by the model's VL heads."""
+    def embedding(self, uses: tuple[str, ...] = ("text", "vision")) -> BEiT3Embedding:
+        """The BEiT-3 embedding shared by the model's VL heads. ``uses`` names the parts this
+        head's forward uses (text, vision, mask); parts no head of the model uses are frozen,
+        so that DDP (which refuses parameters without gradients) can train e.g. VQA alone,
+        whose forward never uses the mask token."""
         s = self.embedding_settings()
-        return self.shared("BEiT-3 embedding", s, lambda: BEiT3Embedding(
+        embed = self.shared("BEiT-3 embedding", s, lambda: BEiT3Embedding(
             s["vocab_size"], s["dim"], s["img_size"], s["patch_size"], text_positions=s["text_positions"]))
+        self._group.uses.update(uses)
+        for part, params in embed.parts().items():
+            for p in params:
+                p.requires_grad_(part in self._group.uses)
+        return embed
 
     # ------------------------------------------------------------------ pretrained weights
 

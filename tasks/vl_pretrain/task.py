@@ -95,7 +95,7 @@ class VLPretrain(VLTask):
 
     def build_head(self) -> MDMHead:
         c, dim = self.cfg, self.backbone_cfg.dim
-        embed = self.embedding()
+        embed = self.embedding({"text": ("text",), "image": ("vision", "mask"), "pair": ("text", "vision", "mask")}[c.kind])
         mlm = mim = None
         if c.kind != "image":
             mlm = self.shared("MLM output", {"vocab_size": embed.text_embed.num_embeddings},

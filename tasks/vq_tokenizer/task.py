@@ -24,8 +24,8 @@ from torch import nn
 
 from foundation.config import BackboneConfig, ConfigError
 from foundation.engine.task import Task, register_task
-from tasks.classification.data import ImageDataError, ImageFolderDataset, build_transform, check_root, \
-    pretrain_transform, TransformConfig
+from tasks.classification.data import (ImageDataError, ImageFolderDataset, TransformConfig, build_transform,
+                                       check_root, pretrain_transform)
 from tasks.classification.task import check_vision_backbone
 from tasks.vq_tokenizer.model import VQKDHead
 from tasks.vq_tokenizer.teacher import ClipTeacher, PixelTeacher
