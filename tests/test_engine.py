@@ -430,3 +430,13 @@ def test_two_processes_match_one(tmp_path, strategy):
     assert (tmp_path / "two" / "ckpt" / "step_000006" / "rng_rank1.pt").is_file()
     state = torch.load(tmp_path / "two" / "ckpt" / "step_000006" / "state.pt", weights_only=True)
     assert state["world"] == 2 and state["samples"] == 6 * 8 * 2
+
+
+def test_backbone_section_derives_its_own_defaults():
+    """A backbone section without ffn_dim gets 4 * its own dim, not the default section's 3072."""
+    cfg, _ = resolve({"backbone": {"dim": 32, "depth": 2, "heads": 4, "arch": "encoder_decoder"},
+                      "tasks": [{"name": "seq2seq", "vocab_size": 16}]}, check_data=False)
+    assert cfg.backbone.ffn_dim == 128
+    cfg, _ = resolve({"backbone": {"dim": 32, "depth": 2, "heads": 4, "ffn_dim": 48, "arch": "encoder_decoder"},
+                      "tasks": [{"name": "seq2seq", "vocab_size": 16}]}, check_data=False)
+    assert cfg.backbone.ffn_dim == 48

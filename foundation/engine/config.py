@@ -272,8 +272,14 @@ def resolve(raw: Any, *, where: str = "config", default_name: str = "run", check
     if isinstance(raw, (Mapping, DictConfig)):
         backbone = raw.get("backbone")
         if backbone is not None:  # first alone, so that its semantic errors name the section
-            build(BackboneConfig, backbone, where=f"{where}: backbone")
+            backbone = build(BackboneConfig, backbone, where=f"{where}: backbone")
+    else:
+        backbone = None
     cfg = build(TrainConfig, raw, where=where)
+    if backbone is not None:
+        # from the user's fields alone: merged over the default section, derived fields
+        # (ffn_dim = 4 * dim) would keep the defaults' values (3072 for any dim)
+        cfg.backbone = backbone
     cfg.run_name = cfg.run_name or default_name
     specs = task_specs(cfg.tasks, where)
     cfg.tasks = [s.entry() for s in specs]
