@@ -255,3 +255,16 @@ def test_compare_reads_final_evaluations(tmp_path):
     results = {(n, i): [0.5, 0.25] for n in ("magneto", "preln") for i in ("scratch", "MIM")}
     text = table(results, [0, 1], "x")
     assert "| Magneto | MIM | 37.5 | 50.0 / 25.0 |" in text and "| Pre-LN (ViT) | scratch |" in text
+
+
+def test_pixel_teacher_norm_pix():
+    """norm_pix targets are each patch's pixels standardised: zero mean, unit variance,
+    blind to the patch's brightness and contrast."""
+    from tasks.vq_tokenizer.teacher import PixelTeacher, patchify
+
+    images = torch.randn(2, 3, 16, 16)
+    plain, normed = PixelTeacher(4)(images, (4, 4)), PixelTeacher(4, norm_pix=True)(images, (4, 4))
+    assert torch.equal(plain, patchify(images, 4)) and normed.shape == (2, 16, 48)
+    assert normed.mean(-1).abs().max() < 1e-5
+    assert (normed.var(-1) - 1).abs().max() < 1e-3
+    assert torch.allclose(PixelTeacher(4, norm_pix=True)(3 * images + 1, (4, 4)), normed, atol=1e-4)

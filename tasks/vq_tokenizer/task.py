@@ -46,6 +46,7 @@ class VQTokenizerConfig:
     decoder_dim: Optional[int] = None  # default: backbone.dim
     decoder_heads: Optional[int] = None  # default: backbone.heads
     teacher: str = "pixels"  # pixels (offline) | clip (BEiT v2)
+    norm_pix: bool = False  # pixels: normalise each target patch (MAE); codes describe structure, not colour
     clip_model: str = "ViT-B-16"  # open_clip model name, or an open_clip config .json
     clip_pretrained: Optional[str] = None  # local open_clip weights file; null = random teacher (tests only)
     rec_loss: Optional[str] = None  # cosine | mse; default cosine for clip, mse for pixels
@@ -102,7 +103,7 @@ class VQTokenizer(Task):
     def build_teacher(self) -> nn.Module:
         c = self.cfg
         if c.teacher == "pixels":
-            return PixelTeacher(c.patch_size)
+            return PixelTeacher(c.patch_size, norm_pix=c.norm_pix)
         return ClipTeacher(c.clip_model, c.clip_pretrained)
 
     def build_head(self, teacher: bool = True) -> VQKDHead:

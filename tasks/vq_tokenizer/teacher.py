@@ -35,16 +35,24 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
 
 
 class PixelTeacher(nn.Module):
-    """The target is the (normalised) pixels of each patch: VQ-KD becomes a patch VQ-VAE."""
+    """The target is the (normalised) pixels of each patch: VQ-KD becomes a patch VQ-VAE.
 
-    def __init__(self, patch_size: int, in_chans: int = 3):
+    ``norm_pix``: each patch's pixels minus their mean, over their standard deviation (MAE's
+    ``norm_pix_loss``). The codes then describe a patch's local structure (edges, corners,
+    texture) rather than its mean colour, which a masked patch's neighbours already give
+    away (a small pixel tokenizer otherwise spends its codes on colours)."""
+
+    def __init__(self, patch_size: int, in_chans: int = 3, norm_pix: bool = False):
         super().__init__()
-        self.patch_size = patch_size
+        self.patch_size, self.norm_pix = patch_size, norm_pix
         self.out_dim = patch_size * patch_size * in_chans
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        return patchify(images, self.patch_size)
+        x = patchify(images, self.patch_size)
+        if self.norm_pix:
+            x = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-6).sqrt()
+        return x
 
 
 class ClipTeacher(nn.Module):
