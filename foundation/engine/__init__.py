@@ -3,6 +3,7 @@
     foundation train CONFIG [key=value ...]    loop.train via cli.train_main
     foundation eval CONFIG checkpoint=PATH      loop.evaluate
     foundation plot RUN_DIR                     plot.plot_run
+    foundation compare CONFIG | depth           compare.main: norms x seeds x lrs / depths, one report
 
 Tasks plug in through the contract in ``task.py``; configs are the dataclasses in
 ``config.py``.

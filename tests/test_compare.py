@@ -1,0 +1,268 @@
+"""``foundation compare``: the norm x seed x lr runner, its divergence verdicts, resumption,
+the depth mode and the command line, on a toy seq2seq config (CPU, seconds)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from foundation.engine import compare, loop
+from tasks.seq2seq.model import Seq2SeqHead
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def toy(steps: int = 6, **train) -> dict:
+    return {
+        "run_name": "toy",
+        "seed": 0,
+        "backbone": {"arch": "encoder_decoder", "norm": "magneto", "dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32},
+        "tasks": [{"name": "seq2seq", "vocab_size": 6, "min_len": 2, "max_len": 4, "train_size": 64, "eval_size": 16}],
+        "optim": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 1},
+        "train": {"steps": steps, "batch_size": 8, **train},
+        "eval": {"every": 3, "batch_size": 16},
+        "save": {"every": 0, "keep": 1},
+        "log": {"progress": False, "tensorboard": False},
+    }
+
+
+def write_config(tmp_path: Path, cfg: dict) -> Path:
+    path = tmp_path / "toy.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    return path
+
+
+def nan_for(monkeypatch, norm: str, from_call: int):
+    """Training losses of models with ``backbone.config.norm == norm`` are NaN from their
+    ``from_call``-th training forward on (evaluation does not call forward)."""
+    real = Seq2SeqHead.forward
+    calls: dict[int, int] = {}
+
+    def forward(self, backbone, batch):
+        loss, logs = real(self, backbone, batch)
+        if backbone.config.norm != norm:
+            return loss, logs
+        calls[id(self)] = calls.get(id(self), 0) + 1
+        return (loss * float("nan") if calls[id(self)] >= from_call else loss), logs
+
+    monkeypatch.setattr(Seq2SeqHead, "forward", forward)
+
+
+def results(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+# ---------------------------------------------------------------------------- the grid
+
+
+def test_report_structure_and_divergence(tmp_path, monkeypatch):
+    """2 norms x 2 lrs, 1 seed; Pre-LN's loss turns NaN from its 5th step on, 3 allowed in a
+    row: both its runs diverge at step 7 (the engine's stop), Magneto's still run and converge."""
+    nan_for(monkeypatch, "preln", 5)
+    config = write_config(tmp_path, toy(steps=12, max_nonfinite=3))
+    out = tmp_path / "cmp"
+    code = compare.compare(config, out, ["preln", "magneto"], [0], [1e-3, 3e-3], in_process=True,
+                           command="foundation compare toy.yaml", rules=compare.Rules(converge_ratio=1.0))
+    assert code == 0
+    res = results(out)
+    runs = {r["name"]: r for r in res["runs"]}
+    assert sorted(runs) == ["magneto_lr0.001_seed0", "magneto_lr0.003_seed0", "preln_lr0.001_seed0",
+                            "preln_lr0.003_seed0"]
+    for lr in ("0.001", "0.003"):
+        pre, mag = runs[f"preln_lr{lr}_seed0"], runs[f"magneto_lr{lr}_seed0"]
+        assert pre["verdict"] == "diverged" and pre["diverged_step"] == 7 and pre["engine_status"] == "diverged"
+        assert mag["verdict"] == "converged" and mag["steps"] == 12 and mag["engine_status"] == "finished"
+        assert mag["final_loss"] < mag["initial_loss"]
+        assert set(mag["metrics"]) == {"seq2seq/exact_match", "seq2seq/token_accuracy", "seq2seq/loss"}
+        status = json.loads((out / "runs" / f"preln_lr{lr}_seed0" / "status.json").read_text())
+        assert status["status"] == "diverged" and status["step"] == 7
+    assert res["primary_metric"] == "seq2seq/exact_match" and res["higher_is_better"] is True
+    assert res["largest_converging_lr"] == {"preln": None, "magneto": 0.003}
+    summary = {(s["norm"], s["lr"]): s for s in res["summary"]}
+    assert summary["preln", 0.001]["verdict"] == "diverged" and summary["preln", 0.001]["diverged_step"] == 7
+    assert summary["magneto", 0.003]["metrics"]["seq2seq/exact_match"]["per_seed"] == \
+        [runs["magneto_lr0.003_seed0"]["metrics"]["seq2seq/exact_match"]]
+
+    report = (out / "report.md").read_text()
+    assert "## Final metrics" in report and "## Convergence per learning rate" in report
+    lr_rows = {line.split("|")[1].strip(): line for line in report.splitlines()
+               if line.startswith("| preln |") or line.startswith("| magneto |")}
+    assert "diverged at step 7" in lr_rows["preln"] and lr_rows["preln"].rstrip(" |").endswith("none")
+    assert lr_rows["magneto"].rstrip(" |").endswith("0.003") and "converged (exact_match" in lr_rows["magneto"]
+    assert "| magneto | 0.003 | converged |" in report
+    assert (out / "curves.png").read_bytes()[:8] == PNG
+    for name in runs:  # the raw metrics stay in the run directories
+        assert (out / "runs" / name / "metrics.jsonl").is_file()
+
+
+def test_seeds_mean_std_and_resume(tmp_path, monkeypatch):
+    """2 seeds: mean ± std with per-seed values. Re-invoking trains nothing; a run whose
+    status.json is gone (interrupted) is the only one trained again, and resumes."""
+    config = write_config(tmp_path, toy(steps=4))
+    out = tmp_path / "cmp"
+    assert compare.compare(config, out, ["magneto"], [0, 1], [3e-3], in_process=True) == 0
+    res = results(out)
+    em = res["summary"][0]["metrics"]["seq2seq/token_accuracy"]
+    per_seed = [r["metrics"]["seq2seq/token_accuracy"] for r in res["runs"]]
+    assert em["per_seed"] == per_seed and em["mean"] == pytest.approx(sum(per_seed) / 2)
+    assert em["std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2 ** 0.5)
+    report = (out / "report.md").read_text()
+    assert f"± " in report and f"({per_seed[0]:.4f}, {per_seed[1]:.4f})" in report
+
+    trained = []
+    real = loop.train
+    monkeypatch.setattr(loop, "train", lambda cfg, specs=None: trained.append((cfg.run_name, cfg.resume)) or real(cfg, specs))
+    lines = []
+    assert compare.compare(config, out, ["magneto"], [0, 1], [3e-3], in_process=True, say=lines.append) == 0
+    assert trained == [] and sum("skipped" in line for line in lines) == 2
+
+    (out / "runs" / "magneto_lr0.003_seed1" / "status.json").unlink()
+    assert compare.compare(config, out, ["magneto"], [0, 1], [3e-3], in_process=True, say=lines.append) == 0
+    assert trained == [("magneto_lr0.003_seed1", True)]
+    assert results(out)["runs"][1]["engine_status"] == "finished" and (out / "runs" / "magneto_lr0.003_seed1" / "status.json").is_file()
+
+    # a changed recipe in the same report directory is refused, not mixed in
+    code = compare.compare(write_config(tmp_path, toy(steps=5)), out, ["magneto"], [0, 1], [3e-3], in_process=True)
+    assert code == 2
+
+
+def test_subprocess_run_and_a_real_divergence(tmp_path):
+    """The default launcher (each run its own `foundation train` process; one run here, as a
+    process start costs seconds): lr 1e4 really diverges, with non-finite gradients, and the
+    verdict takes the step of the engine's `diverged` event."""
+    config = write_config(tmp_path, toy(steps=6, max_nonfinite=2))
+    out = tmp_path / "cmp"
+    code = compare.main([str(config), "--norms", "magneto", "--lrs", "1e4", "--out", str(out), "eval.every=0"])
+    assert code == 0
+    run_dir = out / "runs" / "magneto_lr10000_seed0"
+    (bad,) = results(out)["runs"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    nonfinite = [r["step"] for r in records if r.get("event") == "nonfinite"]
+    event = next(r for r in records if r.get("event") == "diverged")
+    assert bad["verdict"] == "diverged" and bad["diverged_step"] == event["step"] == nonfinite[-1] < 6
+    assert len(nonfinite) == 2 and nonfinite[1] == nonfinite[0] + 1  # max_nonfinite=2 in a row
+    assert (run_dir / "train.log").read_text().count("training stopped at step") == 1
+    assert results(out)["largest_converging_lr"] == {"magneto": None}
+    assert "| magneto | diverged at step %d | none |" % event["step"] in (out / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------- verdicts
+
+
+def _write_run(run_dir: Path, losses: list, status: str = "finished", evals: dict | None = None) -> None:
+    run_dir.mkdir(parents=True)
+    lines = [{"step": i + 1, "time": float(i), "loss": v} for i, v in enumerate(losses)]
+    lines.append({"step": len(losses), "time": float(len(losses)),
+                  **{f"eval/t/{k}": v for k, v in (evals or {"acc": 0.5}).items()}})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run_dir / "status.json").write_text(json.dumps({"status": status, "step": len(losses)}))
+
+
+@pytest.mark.parametrize("losses, evals, verdict, step", [
+    ([2.0, 1.8, 1.5, 1.0, 0.8, 0.5, 0.3, 0.2], None, "converged", None),
+    ([2.0, 1.8, 1.8, 1.7, 1.7, 1.7, 1.7, 1.7], None, "not converged", None),  # 0.85 x the first: a plateau
+    # a spike: the mean of 5 logged steps (2..6) passes 2 x the first loss at step 6; the
+    # blow-up began at step 4, the window's first loss above 4.0
+    ([2.0, 1.9, 3.0, 5.0, 6.0, 9.0, 9.0, 1.0], None, "diverged", 4),
+    ([2.0, 1.9, 3.0, 3.9, 4.1, 4.1, 1.0, 1.0], None, "converged", None),  # a mean of 3.4 at most
+    ([2.0, 2.1, 2.2, 2.1, 2.0, 2.1, 2.2, 2.3], None, "not converged", None),
+    ([2.0, 1.5, 1.0, 0.5, 0.4, 0.3, 0.2, 0.1], {"acc": "nan"}, "diverged", 8),
+])
+def test_verdict_rules(tmp_path, losses, evals, verdict, step):
+    spec = compare.RunSpec("r", "magneto", 0, 1e-3)
+    _write_run(tmp_path / "r", losses, evals=evals)
+    o = compare.judge(spec, tmp_path / "r", compare.Rules(explode_factor=2.0, converge_ratio=0.8))
+    assert o.verdict == verdict and o.diverged_step == step
+    assert o.initial_loss == 2.0
+
+
+def test_spike_rule_can_be_switched_off(tmp_path):
+    _write_run(tmp_path / "r", [2.0, 1.9, 3.0, 5.0, 6.0, 9.0, 9.0, 1.0])
+    o = compare.judge(compare.RunSpec("r", "magneto", 0, 1e-3), tmp_path / "r", compare.Rules(explode_factor=0))
+    assert o.verdict == "converged"  # the last 10% (one step, 1.0) is below 0.8 x the first loss
+
+
+# ---------------------------------------------------------------------------- depth mode
+
+
+def test_depth_mode(tmp_path):
+    recipe = toy(steps=3)
+    out = tmp_path / "depth"
+    code = compare.depth_compare(out, ["postln", "magneto"], [1, 2], [0], 3, 3e-3, in_process=True,
+                                 recipe=recipe, command="foundation compare depth --depths 1,2")
+    assert code == 0
+    res = results(out)
+    assert [(s["norm"], s["depth"]) for s in res["summary"]] == [("postln", 1), ("postln", 2), ("magneto", 1), ("magneto", 2)]
+    for r in res["runs"]:
+        cfg = OmegaConf.load(out / "runs" / r["name"] / "config.yaml")
+        assert cfg.backbone.depth == cfg.backbone.decoder_depth == r["depth"] and cfg.backbone.norm == r["norm"]
+        assert r["engine_status"] == "finished"
+    report = (out / "report.md").read_text()
+    header = next(line for line in report.splitlines() if line.startswith("| norm | 1L-1L"))
+    assert header.split("|")[2:4] == [" 1L-1L ", " 2L-2L "]
+    rows = [line for line in report.splitlines() if line.startswith("| postln |") or line.startswith("| magneto |")]
+    assert len(rows) >= 2 and all("(loss " in row for row in rows[:2])
+    assert (out / "depth.png").read_bytes()[:8] == PNG and (out / "curves.png").read_bytes()[:8] == PNG
+    assert (out / "config.yaml").is_file()
+
+
+def test_thousand_mode_figure(tmp_path):
+    """--thousand: the same runs at one depth, and a training-curve figure instead of depth.png."""
+    out = tmp_path / "thousand"
+    code = compare.depth_compare(out, ["deepnorm", "magneto"], [2], [0], 3, 3e-3, in_process=True, thousand=True,
+                                 recipe=toy(steps=3))
+    assert code == 0
+    assert (out / "thousand.png").read_bytes()[:8] == PNG and not (out / "depth.png").exists()
+    report = (out / "report.md").read_text()
+    assert report.startswith("# 4-layer training (2L-2L)") and "| deepnorm |" in report and "| magneto |" in report
+    assert compare.depth_recipe(100, 3e-3, thousand=True)["train"]["batch_size"] == compare.THOUSAND["batch_size"]
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["missing.yaml"], "config file not found: missing.yaml"),
+    (["{config}", "--norms", "preln,rmsnorm"], "unknown norm 'rmsnorm'"),
+    (["{config}", "--lrs", "1e-3,fast"], "--lrs: 'fast' is not a number"),
+    (["{config}", "--lrs", "1e-3,-1"], "--lrs: '-1' must be a positive number"),
+    (["{config}", "--seeds", "0"], "--seeds: the count must be >= 1"),
+    (["{config}", "backbone.norm=postln"], "use --norms instead"),
+    (["{config}", "optim.lr=1"], "use --lrs instead"),
+    (["{config}", "train.stepz=3"], "stepz"),
+    (["depth", "--norms", "magneto,foo"], "unknown norm 'foo'"),
+    (["depth", "--depths", "6,x"], "--depths: 'x' is not a whole number"),
+    (["depth", "--thousand", "--depths", "6"], "leave out --depths"),
+    (["{config}", "--converge-ratio", "1.5"], "--converge-ratio must be in (0, 1]"),
+])
+def test_command_line_errors(tmp_path, capsys, argv, message):
+    config = write_config(tmp_path, toy())
+    code = compare.main([a.replace("{config}", str(config)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_registered_in_the_cli(capsys):
+    from foundation import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "--help"])
+    text = capsys.readouterr().out
+    assert "foundation compare configs/seq2seq/tiny.yaml" in text and "--lrs" in text
+    with pytest.raises(SystemExit):
+        cli.main(["compare", "depth", "--help"])
+    text = capsys.readouterr().out
+    assert "--thousand" in text and "--depths" in text
