@@ -29,9 +29,10 @@ class Block(nn.Module):
         norm = lambda: nn.LayerNorm(cfg.dim, eps=cfg.layernorm_eps)  # noqa: E731
         scale = lambda: LayerScale(cfg.dim, cfg.layer_scale) if cfg.layer_scale else nn.Identity()  # noqa: E731
 
-        self.norm1 = per_expert(experts, norm)
+        attn_experts = [] if cfg.shared_attention else experts
+        self.norm1 = per_expert(attn_experts, norm)
         self.attn = Attention(
-            cfg.dim, cfg.heads, experts=experts, qkv_bias=cfg.qkv_bias, sub_ln=sub_ln,
+            cfg.dim, cfg.heads, experts=attn_experts, qkv_bias=cfg.qkv_bias, sub_ln=sub_ln,
             eps=cfg.layernorm_eps, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout,
         )
         self.ls1 = scale()

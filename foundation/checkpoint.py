@@ -471,6 +471,7 @@ def torchscale_args(cfg: BackboneConfig) -> dict[str, Any]:
         raise ValueError(f"experts={cfg.experts!r}: torchscale's multiway has exactly two experts (A, B)")
     for name, ok in (
         ("vl_expert_layers", cfg.vl_expert_layers == 0),
+        ("shared_attention", not (cfg.shared_attention and cfg.experts)),
         ("layer_scale", cfg.layer_scale is None),
         ("qkv_bias", cfg.qkv_bias),
         ("rel_pos", cfg.rel_pos in ("none", "1d")),

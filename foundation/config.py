@@ -79,6 +79,9 @@ class BackboneConfig:
     # multiway: one copy of every per-modality module per expert, e.g. ["vision", "text"]
     experts: List[str] = field(default_factory=list)
     vl_expert_layers: int = 0  # top-K layers get a shared "vl" FFN expert for mixed input (BEiT-3)
+    # multiway only: one self-attention (and its LayerNorms) for every expert, experts in the
+    # FFN sub-layer alone (VLMo's MoME); false = BEiT-3 / torchscale (attention projections per expert)
+    shared_attention: bool = False
     activation: str = "gelu"  # exact (erf) GELU
     layernorm_eps: float = 1e-5
     qkv_bias: bool = True

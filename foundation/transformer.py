@@ -192,8 +192,12 @@ class Backbone(nn.Module):
                 )
         experts = self.config.experts
         if not experts:
-            if segments is not None and any(n and e is not None for e, n in segments):
-                raise ValueError("segments given, but this backbone has no multiway experts (config.experts is empty)")
+            # A plain backbone: every token takes the shared layers, whatever modality the
+            # segments name. Heads always name their tokens' modality; the config decides
+            # whether the backbone has experts for them (multiway) or shares everything.
+            if segments is not None and sum(n for _, n in segments) != T:
+                raise ValueError(f"segments: lengths {[n for _, n in segments]} add up to "
+                                 f"{sum(n for _, n in segments)}, but T = {T}")
             return None
         if segments is None:
             raise ValueError(f"this backbone is multiway ({', '.join(experts)}): pass segments=[(expert, length), ...]")

@@ -173,8 +173,10 @@ def test_bad_input_messages():
         m(x, segments=[("audio", 5)])
     with pytest.raises(ValueError, match="pass segments"):
         m(x)
-    with pytest.raises(ValueError, match="no multiway experts"):
-        tiny()(x, segments=[("vision", 5)])
+    plain = tiny()  # a plain backbone shares every layer: the segments' expert names are ignored
+    assert torch.equal(plain(x, segments=[("vision", 2), ("text", 3)]), plain(x))
+    with pytest.raises(ValueError, match="add up to 4, but T = 5"):
+        plain(x, segments=[("speech", 4)])
 
 
 def test_config_errors_name_the_field(tmp_path):

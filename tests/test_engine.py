@@ -90,8 +90,10 @@ def test_resume_is_exact(tmp_path):
     straight = run(cfg, "run_name=straight")
     first = run(cfg, "run_name=split", "train.stop_at=6")
     assert first.status == "stopped" and first.step == 6
+    assert json.loads((tmp_path / "split" / "status.json").read_text())["status"] == "stopped"
     second = run(cfg, "run_name=split", "resume=true")
     assert straight.status == second.status == "finished" and second.step == 12
+    assert json.loads((tmp_path / "split" / "status.json").read_text())["status"] == "finished"
 
     a, b = train_losses(tmp_path / "straight"), train_losses(tmp_path / "split")
     assert sorted(a) == sorted(b) == list(range(1, 13))
@@ -226,6 +228,8 @@ def test_nan_step_is_skipped_and_logged(tmp_path, monkeypatch):
     _nan_at(monkeypatch, {3})
     result = run(tiny_config(tmp_path, train={"steps": 5}))
     assert result.status == "finished" and result.nonfinite_total == 1
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["status"] == "finished" and status["step"] == 5 and status["nonfinite_total"] == 1
     recs = records(tmp_path / "run")
     event = next(r for r in recs if r.get("event") == "nonfinite")
     assert event["step"] == 3 and event["task"] == "seq2seq" and event["loss"] == "nan"
@@ -250,6 +254,9 @@ def test_nan_run_stops_cleanly(tmp_path, monkeypatch, capsys):
     assert "task 'seq2seq'" in err and f"last good checkpoint: {ckpt}" in err
     diverged = [r for r in records(tmp_path / "run") if r.get("event") == "diverged"]
     assert len(diverged) == 1 and diverged[0]["step"] == 7 and diverged[0]["last_checkpoint"] == str(ckpt)
+    status = json.loads((tmp_path / "run" / "status.json").read_text())  # what `foundation compare` reads
+    assert status["status"] == "diverged" and status["step"] == 7 and status["steps"] == 20
+    assert status["last_checkpoint"] == str(ckpt) and "training stopped at step 7" in status["message"]
     # the skipped steps did not touch the weights of the last good checkpoint
     assert not (tmp_path / "run" / "ckpt" / "step_000006").exists()
 

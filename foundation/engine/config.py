@@ -145,6 +145,8 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
     init_from: Optional[str] = None  # safetensors with pretrained backbone weights
+    # the expert of a multiway init_from that a plain backbone takes (default: the tasks' modality)
+    init_expert: Optional[str] = None
     tasks: List[Dict[str, Any]] = field(default_factory=list)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
@@ -287,6 +289,13 @@ def resolve(raw: Any, *, where: str = "config", default_name: str = "run", check
         value = getattr(cfg, name)
         if value is not None and not Path(value).exists():
             raise ConfigError(f"{where}: field {name!r}: not found: {value}")
+    if cfg.init_from is not None:  # a backbone of another width, depth, rule ...: say so before any work
+        from foundation.engine.model import check_init_from
+
+        try:
+            check_init_from(cfg.backbone, cfg.init_from)
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
     if cfg.eval.best is not None:
         task_id, _, metric = cfg.eval.best.partition("/")
         if task_id not in [s.id for s in specs] or not metric:

@@ -13,10 +13,16 @@ schedule, wraps the model for the processes torchrun started, and runs::
 A run of ``train.max_nonfinite`` non-finite steps ends the run with status "diverged"
 and a message naming the step, the task and the last good checkpoint; divergence is a
 result (the depth comparisons record it), not a crash.
+
+Every run that returns (finished, stopped, diverged, interrupted) leaves ``status.json``
+in its run directory: ``{"status", "step", "steps", "message", "metrics", ...}``, the
+machine-readable outcome that ``foundation compare`` reads. A run that is still going or
+that crashed has none (a stale one is removed when the run starts).
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import random
 import shutil
@@ -31,15 +37,16 @@ import torch
 from foundation import checkpoint
 from foundation.config import ConfigError, save_yaml
 from foundation.engine import distributed
-from foundation.engine.checkpointing import MODEL_FILE, Checkpointer, rng_state, set_rng_state
+from foundation.engine.checkpointing import MODEL_FILE, Checkpointer, rng_state, set_rng_state, write_text_atomic
 from foundation.engine.config import TaskSpec, TrainConfig, resolve
 from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
 from foundation.engine.distributed import Env
 from foundation.engine.logging import MetricsLog, Progress
-from foundation.engine.model import ModelConfig, MultiTaskModel
+from foundation.engine.model import ModelConfig, MultiTaskModel, load_backbone
 from foundation.engine.optim import EMA, build_optimizer, build_scheduler
 
 STATE_VERSION = 1
+STATUS_FILE = "status.json"  # the outcome of the last invocation, written when it returns
 
 
 @dataclass
@@ -66,28 +73,8 @@ def build_model(cfg: TrainConfig, specs: list[TaskSpec], log=print) -> MultiTask
     """Backbone + heads; ``init_from`` loads backbone weights, reporting what did not fit."""
     model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
     if cfg.init_from:
-        load_backbone(model, cfg.init_from, log)
+        load_backbone(model, cfg.init_from, cfg.init_expert, log)
     return model
-
-
-def load_backbone(model: MultiTaskModel, path: str | Path, log=print) -> None:
-    """Pretrained backbone weights from a safetensors file (a Backbone's own, or any file
-    whose backbone keys carry a ``backbone.`` prefix, such as our runs' checkpoints)."""
-    from safetensors.torch import load_file
-
-    state = load_file(str(path))
-    if any(k.startswith("backbone.") for k in state):
-        state = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
-    own = model.backbone.state_dict()
-    shapes = [k for k in state if k in own and state[k].shape != own[k].shape]
-    if shapes:
-        raise ConfigError(f"field 'init_from': {path}: shapes differ from the configured backbone for "
-                          f"{', '.join(shapes[:10])}")
-    result = model.backbone.load_state_dict(state, strict=False)
-    log(f"init_from {path}: loaded {len(state) - len(result.unexpected_keys)} tensors; "
-        f"missing {len(result.missing_keys)}{': ' + ', '.join(result.missing_keys[:10]) if result.missing_keys else ''}; "
-        f"unexpected {len(result.unexpected_keys)}"
-        f"{': ' + ', '.join(result.unexpected_keys[:10]) if result.unexpected_keys else ''}")
 
 
 def autocast(cfg: TrainConfig, device: torch.device):
@@ -381,6 +368,29 @@ class Trainer:
                             + (" (best)" if self.best_step == self.step else ""))
 
     def run(self) -> RunResult:
+        if self.env.is_main:
+            (self.run_dir / STATUS_FILE).unlink(missing_ok=True)  # from an earlier invocation
+        result = self._run()
+        if self.env.is_main:
+            self._write_status(result)
+        return result
+
+    def _write_status(self, result: RunResult) -> None:
+        """``status.json``: how this invocation ended, for tools that read run directories."""
+        def finite(v: float | None) -> float | str | None:
+            return v if v is None or math.isfinite(v) else str(v)
+
+        info = {
+            "status": result.status, "step": result.step, "steps": self.cfg.train.steps,
+            "message": result.message, "metrics": {k: finite(v) for k, v in result.metrics.items()},
+            "nonfinite_total": result.nonfinite_total, "best_key": result.best_key,
+            "best_value": finite(result.best_value), "best_step": result.best_step,
+            "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
+            "time": round(time.time(), 3),
+        }
+        write_text_atomic(self.run_dir / STATUS_FILE, json.dumps(info, indent=2) + "\n")
+
+    def _run(self) -> RunResult:
         cfg = self.cfg
         end = min(cfg.train.steps, cfg.train.stop_at or cfg.train.steps)
         if self.step >= end:

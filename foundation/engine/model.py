@@ -6,13 +6,15 @@ from a run's ``model.safetensors`` alone (the task packages must be importable).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Dict, List
 
 from torch import nn
 
 from foundation import checkpoint
-from foundation.config import BackboneConfig, build
+from foundation.config import BackboneConfig, ConfigError, build
 from foundation.engine.task import Task
+from foundation.multiway import adapt_state, state_experts
 from foundation.transformer import Backbone
 
 
@@ -55,6 +57,84 @@ class MultiTaskModel(nn.Module):
 
     def forward(self, task_id: str, batch: Any):
         return self.heads[task_id](self.backbone, batch)
+
+
+# what must agree for pretrained weights to mean the same thing here (keys and shapes cannot
+# tell a 4-head from a 2-head attention, nor Pre-LN from Post-LN weights)
+_SAME_MEANING = ("dim", "depth", "ffn_dim", "heads", "norm", "arch", "activation", "residual_scale")
+
+
+def _saved_backbone(path: str | Path) -> BackboneConfig | None:
+    """The backbone config stored in a checkpoint of ours (a run's model, a Backbone, a
+    BEiT3 ...), or None for a file without one (converted weights)."""
+    try:
+        _, cfg = checkpoint.read_config(path)
+    except (checkpoint.CheckpointError, ConfigError, ImportError):
+        return None
+    return cfg if isinstance(cfg, BackboneConfig) else getattr(cfg, "backbone", None)
+
+
+def check_init_from(ours: BackboneConfig, path: str | Path) -> None:
+    """ConfigError, naming the overrides that fix it, when the backbone stored in ``path``
+    differs from ``ours`` in what its weights mean (width, depth, heads, the rule, ...);
+    nothing for a file without a stored config. Runs when the config is resolved."""
+    saved = _saved_backbone(path)
+    if saved is None:
+        return
+    diff = [f for f in _SAME_MEANING if getattr(saved, f) != getattr(ours, f)]
+    if diff:
+        raise ConfigError(
+            f"field 'init_from': {path} holds a backbone with "
+            + ", ".join(f"{f}={getattr(saved, f)!r}" for f in diff) + " where this config has "
+            + ", ".join(f"{f}={getattr(ours, f)!r}" for f in diff) + "; to fine-tune from it add "
+            + " ".join(f"backbone.{f}={getattr(saved, f)}" for f in diff) + " to the command line")
+
+
+def load_backbone(model: MultiTaskModel, path: str | Path, expert: str | None = None, log=print) -> None:
+    """Pretrained backbone weights (``init_from``) from a safetensors file: a Backbone's own,
+    or any file whose backbone keys carry a ``backbone.`` prefix, such as our runs' checkpoints.
+
+    The multiway layouts may differ (``foundation.multiway.adapt_state``): a plain backbone
+    takes the weights of one expert of a multiway checkpoint - ``expert`` (the config's
+    ``init_expert``), by default the modality of the model's tasks (``Task.modality``) -
+    and the experts of a multiway backbone all start from a shared checkpoint module.
+    What was loaded, missing and left unused is logged."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(path))
+    if any(k.startswith("backbone.") for k in state):
+        state = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+    ours = model.backbone.config
+    check_init_from(ours, path)
+    own = model.backbone.state_dict()
+    source_experts = state_experts(state)
+    where = f"init_from {path}"
+    if expert is None:
+        modalities = sorted({t.modality for t in model.tasks.values() if t.modality})
+        expert = modalities[0] if len(modalities) == 1 else None
+    adapted = adapt_state(state, own, ours.experts, expert)
+    notes = []
+    if adapted.needs_expert:  # plain layers here, experts in the checkpoint
+        if expert is None:
+            raise ConfigError(f"field 'init_expert': {path} is multiway (experts {', '.join(source_experts)}) where "
+                              "this backbone is not, and the tasks do not name one modality: set init_expert to one "
+                              f"of {', '.join(source_experts)}")
+        if expert not in source_experts:
+            raise ConfigError(f"field 'init_expert': {expert!r} is not an expert of {path} "
+                              f"(it has {', '.join(source_experts)})")
+        notes.append(f"the {expert!r} expert into the plain layers")
+    if adapted.copied_shared:
+        notes.append(f"every expert ({', '.join(ours.experts)}) from the shared layers")
+    shapes = [k for k, v in adapted.state.items() if v.shape != own[k].shape]
+    if shapes:
+        raise ConfigError(f"field 'init_from': {path}: shapes differ from the configured backbone for "
+                          f"{', '.join(shapes[:10])}")
+    result = model.backbone.load_state_dict(adapted.state, strict=False)
+    missing = result.missing_keys
+    unexpected = sorted(set(state) - adapted.used)
+    log(f"{where}: loaded {len(adapted.state)} tensors{' (' + '; '.join(notes) + ')' if notes else ''}; "
+        f"missing {len(missing)}{': ' + ', '.join(missing[:10]) if missing else ''}; "
+        f"unexpected {len(unexpected)}{': ' + ', '.join(unexpected[:10]) if unexpected else ''}")
 
 
 checkpoint.register_model_kind("MultiTaskModel", MultiTaskModel, ModelConfig, ModelConfig.from_dict)

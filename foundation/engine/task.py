@@ -13,6 +13,7 @@ What a task provides::
         primary_metric = "exact_match"  # the metric that picks the best checkpoint
         higher_is_better = True         # its direction
         embedding_params = ("embed",)   # head parameters below the backbone (layer 0)
+        modality = "text"               # its tokens' expert in a multiway backbone (optional)
 
         def check(self): ...            # paths exist? raise ConfigError naming the field
         def build_head(self): ...       # nn.Module: forward(backbone, batch) -> (loss, logs)
@@ -47,7 +48,7 @@ import abc
 import dataclasses
 import importlib
 import pkgutil
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Mapping, Optional
 
 import torch
 from torch import nn
@@ -69,6 +70,11 @@ class Task(abc.ABC):
     # name prefixes of head parameters that sit below the backbone (embeddings, front
     # ends); layer-wise lr decay puts them in layer 0 and the rest of the head on top
     embedding_params: ClassVar[tuple[str, ...]] = ("embed", "patch_embed", "pos_embed", "cls_token", "mask_token")
+    # the modality of the tokens it gives the backbone (vision, text, speech): the expert they
+    # take in a multiway backbone, and the expert a plain backbone is initialised from when
+    # ``init_from`` is multiway (the config's ``init_expert`` overrides); None for tasks that
+    # name their segments themselves (vision-language)
+    modality: ClassVar[Optional[str]] = None
 
     def __init__(self, cfg: Any, backbone: BackboneConfig):
         self.cfg, self.backbone_cfg = cfg, backbone

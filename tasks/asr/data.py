@@ -209,6 +209,22 @@ def length_buckets(lengths: dict[str, int], max_frames: int) -> list[tuple[str, 
         os.unlink(shape_file)
 
 
+class FeatureCache:
+    """``features(utt)``, kept per utterance id when ``enabled`` (each worker process keeps
+    its own copy: features of a small corpus are computed once, not every epoch)."""
+
+    def __init__(self, features: Callable[[Utterance], torch.Tensor], enabled: bool):
+        self.features = features
+        self.cache: dict[str, torch.Tensor] | None = {} if enabled else None
+
+    def __call__(self, utt: Utterance) -> torch.Tensor:
+        if self.cache is None:
+            return self.features(utt)
+        if utt.id not in self.cache:
+            self.cache[utt.id] = self.features(utt)
+        return self.cache[utt.id]
+
+
 class BucketDataset(Dataset):
     """Item i is the whole bucket i: a list of (utterance, features, unit ids, split index).
 
@@ -217,18 +233,10 @@ class BucketDataset(Dataset):
 
     def __init__(self, utts: dict[str, tuple[Utterance, list[int], int]], buckets: list[tuple[str, ...]],
                  features: Callable[[Utterance], torch.Tensor], cache: bool = False):
-        self.utts, self.buckets, self.features = utts, buckets, features
-        self.cache: dict[str, torch.Tensor] | None = {} if cache else None
+        self.utts, self.buckets, self.feats = utts, buckets, FeatureCache(features, cache)
 
     def __len__(self) -> int:
         return len(self.buckets)
-
-    def feats(self, utt: Utterance) -> torch.Tensor:
-        if self.cache is None:
-            return self.features(utt)
-        if utt.id not in self.cache:
-            self.cache[utt.id] = self.features(utt)
-        return self.cache[utt.id]
 
     def __getitem__(self, i: int) -> list:
         out = []

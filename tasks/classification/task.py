@@ -35,11 +35,15 @@ from tasks.classification.metrics import classification_metrics, topk_sums
 from tasks.classification.model import ClassificationHead, load_front_end
 
 
-def check_vision_backbone(backbone: BackboneConfig, img_size: int, patch_size: int) -> None:
-    """The backbone and the patch grid fit a ViT front end (one class token)."""
-    if backbone.arch != "encoder" or backbone.experts:
+def check_vision_backbone(backbone: BackboneConfig, img_size: int, patch_size: int, multiway: bool = False) -> None:
+    """The backbone and the patch grid fit a ViT front end (one class token). ``multiway``:
+    the head routes its tokens to the ``vision`` expert of a multiway backbone."""
+    if backbone.arch != "encoder" or (backbone.experts and not multiway):
         raise ConfigError(f"field 'backbone.arch': vision tasks need a plain encoder (got arch={backbone.arch!r}, "
                           f"experts={list(backbone.experts)})")
+    if backbone.experts and "vision" not in backbone.experts:
+        raise ConfigError(f"field 'backbone.experts': the image tokens take the 'vision' expert, which "
+                          f"{list(backbone.experts)} lacks")
     if img_size % patch_size:
         raise ConfigError(f"field 'img_size': {img_size} is not a multiple of patch_size={patch_size}")
     grid = [img_size // patch_size] * 2
@@ -91,6 +95,7 @@ class ClassificationConfig(TransformConfig):
 class Classification(Task):
     Config = ClassificationConfig
     primary_metric = "top1"
+    modality = "vision"
     higher_is_better = True
 
     def check(self) -> None:

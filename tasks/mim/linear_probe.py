@@ -29,7 +29,8 @@ def features(embed: ImageEmbedding, backbone: Backbone, ds: ImageFolderDataset, 
     for i in range(0, len(ds), batch):
         items = [ds[j] for j in range(i, min(i + batch, len(ds)))]
         images = torch.stack([x for x, _ in items])
-        xs.append(backbone(embed.embed(images))[:, 1:].mean(1))
+        tokens = embed.embed(images)
+        xs.append(backbone(tokens, segments=[("vision", tokens.shape[1])])[:, 1:].mean(1))
         ys.append(torch.tensor([y for _, y in items]))
     return torch.cat(xs), torch.cat(ys)
 

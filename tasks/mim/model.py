@@ -47,7 +47,8 @@ class MIMHead(ImageEmbedding):
         x = self.patches(images)
         w = mask.unsqueeze(-1).to(x.dtype)
         x = x * (1 - w) + self.mask_token.to(x.dtype) * w
-        hidden = backbone(self.tokens(x))[:, 1:]
+        tokens = self.tokens(x)  # the 'vision' expert of a multiway backbone, the shared layers of a plain one
+        hidden = backbone(tokens, segments=[("vision", tokens.shape[1])])[:, 1:]
         return self.lm_head(hidden[mask])
 
     def forward(self, backbone: nn.Module, batch: dict[str, torch.Tensor]):

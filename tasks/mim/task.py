@@ -76,11 +76,12 @@ class MIMConfig:
 class MIM(Task):
     Config = MIMConfig
     primary_metric = "mim_acc"
+    modality = "vision"
     higher_is_better = True
 
     def check(self) -> None:
         c = self.cfg
-        check_vision_backbone(self.backbone_cfg, c.img_size, c.patch_size)
+        check_vision_backbone(self.backbone_cfg, c.img_size, c.patch_size, multiway=True)
         check_root(c.data_dir)
         if c.tokenizer is None:
             raise ConfigError("field 'tokenizer': set it to a trained tokenizer (a vq_tokenizer run's "

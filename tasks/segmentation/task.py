@@ -82,6 +82,7 @@ class SegmentationConfig:
 class Segmentation(Task):
     Config = SegmentationConfig
     primary_metric = "mIoU"
+    modality = "vision"
     higher_is_better = True
     embedding_params = ("patch_embed", "pos_embed", "cls_token")
 

@@ -137,9 +137,11 @@ class VLTask(Task):
                     text_positions=self.cfg.text_positions, dim=self.backbone_cfg.dim)
 
     def check(self) -> None:
-        if list(self.backbone_cfg.experts) != list(EXPERTS):
-            raise ConfigError(f"field 'backbone.experts': {self.name} is a BEiT-3 task and needs "
-                              f"{list(EXPERTS)} (got {self.backbone_cfg.experts!r})")
+        experts = list(self.backbone_cfg.experts)
+        if experts and not set(EXPERTS) <= set(experts):
+            raise ConfigError(f"field 'backbone.experts': {self.name} is a BEiT-3 task: its image and text tokens "
+                              f"take the experts {list(EXPERTS)} (BEiT-3), or the shared layers of a backbone "
+                              f"without experts (got {self.backbone_cfg.experts!r})")
         self.embedding_settings()
         if self.cfg.pretrained is not None and not Path(self.cfg.pretrained).is_file():
             raise ConfigError(f"field 'pretrained': file not found: {self.cfg.pretrained}")

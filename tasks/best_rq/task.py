@@ -1,0 +1,190 @@
+"""BEST-RQ: self-supervised speech pretraining with a random-projection quantizer
+(Chiu et al. 2022), on the ASR task's data layouts without transcripts.
+
+    tasks:
+      - name: best_rq
+        data_dir: data/speech-demo        # LibriSpeech layout (or layout: kaldi, a wav.scp)
+        train_splits: [train]
+        eval_splits: [dev]
+        codebook_size: 8192               # the paper's: 8192 codes of dimension 16
+        codebook_dim: 16
+        mask_prob: 0.01                   # per 10 ms frame: the start of a masked span
+        mask_span: 40                     # 400 ms; masked frames become N(0, 0.1^2) noise
+
+The features are 80-dim filterbanks normalised with global CMVN statistics of the
+training data (the ASR task's file, ``<prep_dir>/feats_stats_fbank80.npz``, computed if
+missing); targets come from 4 stacked frames, one per encoder frame of the VGG front end.
+Evaluation reports the accuracy of the predicted codes on the masked encoder frames of
+the evaluation splits (fixed masks and noise), their cross-entropy and the fraction of
+input frames masked. Fine-tune ASR from a run with ``init_from`` (backbone) and the ASR
+task's ``init_embed_from`` (the VGG front end).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from foundation.config import ConfigError
+from foundation.engine.task import Task, register_task
+from tasks.asr.data import LAYOUTS, SpeechDataError, Utterance, audio_frames, cmvn_stats, fbank, load_audio, save_stats
+from tasks.best_rq.data import SpeechDataset, collate, read_audio_split
+from tasks.best_rq.metrics import best_rq_metrics, best_rq_sums
+from tasks.best_rq.model import EXPERT, BestRQHead
+
+
+@dataclass
+class BestRQConfig:
+    # data: <data_dir>/<split> in the LibriSpeech layout, or Kaldi data dirs (layout: kaldi); no transcripts needed
+    data_dir: str = "data/LibriSpeech"
+    layout: str = "librispeech"  # librispeech | kaldi
+    train_splits: List[str] = field(default_factory=lambda: ["train-clean-100", "train-clean-360", "train-other-500"])
+    eval_splits: List[str] = field(default_factory=lambda: ["dev-clean", "dev-other"])
+    sample_rate: int = 16000
+    num_mel_bins: int = 80
+    prep_dir: Optional[str] = None  # CMVN statistics; default <data_dir>/prep/<train splits> (shared with asr)
+    cmvn_max_utterances: int = 10000
+    cache_features: bool = False  # keep filterbanks in memory (small corpora)
+    crop_frames: Optional[int] = None  # training: random crops of at most this many 10 ms frames
+    max_eval_utterances: Optional[int] = None  # evaluate on this many (evenly spread); null = all
+    # model
+    vgg_channels: List[int] = field(default_factory=lambda: [64, 128])
+    # quantizer (frozen, from quantizer_seed) and masking (BEST-RQ Sec. 2-3)
+    codebook_size: int = 8192
+    codebook_dim: int = 16
+    num_codebooks: int = 1
+    quantizer_seed: int = 0
+    mask_prob: float = 0.01  # per input frame: the probability that a masked span starts there
+    mask_span: int = 40  # input frames (10 ms) per span: 400 ms
+    mask_noise_std: float = 0.1
+
+    def __post_init__(self) -> None:
+        def bad(name: str, msg: str) -> ConfigError:
+            return ConfigError(f"field {name!r}: {msg} (got {getattr(self, name)!r})")
+
+        if self.layout not in LAYOUTS:
+            raise bad("layout", f"must be one of {', '.join(LAYOUTS)}")
+        for name in ("train_splits", "eval_splits"):
+            if not getattr(self, name):
+                raise bad(name, "list at least one split")
+        for name in ("sample_rate", "num_mel_bins", "cmvn_max_utterances", "codebook_dim", "num_codebooks",
+                     "mask_span"):
+            if getattr(self, name) < 1:
+                raise bad(name, "must be >= 1")
+        if self.codebook_size < 2:
+            raise bad("codebook_size", "must be >= 2")
+        for name in ("crop_frames", "max_eval_utterances"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise bad(name, "must be >= 1 or null")
+        if len(self.vgg_channels) != 2 or min(self.vgg_channels) < 1:
+            raise bad("vgg_channels", "two positive channel counts")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise bad("mask_prob", "must be in (0, 1)")
+        if self.mask_noise_std < 0:
+            raise bad("mask_noise_std", "must be >= 0")
+
+    @property
+    def prep_path(self) -> Path:
+        return Path(self.prep_dir) if self.prep_dir else Path(self.data_dir) / "prep" / "+".join(self.train_splits)
+
+    @property
+    def stats_path(self) -> Path:
+        return self.prep_path / f"feats_stats_fbank{self.num_mel_bins}.npz"  # the asr task's file
+
+
+def _say(message: str) -> None:
+    if int(os.environ.get("RANK", 0)) == 0:
+        print(f"[best_rq] {message}", file=sys.stderr, flush=True)
+
+
+@register_task("best_rq")
+class BestRQ(Task):
+    Config = BestRQConfig
+    primary_metric = "accuracy"
+    higher_is_better = True
+    modality = EXPERT
+    embedding_params = ("frontend", "cmvn")
+
+    def __init__(self, cfg: BestRQConfig, backbone):
+        super().__init__(cfg, backbone)
+        self._splits: dict[str, list[Utterance]] = {}
+
+    def utterances(self, split: str) -> list[Utterance]:
+        if split not in self._splits:
+            try:
+                self._splits[split] = read_audio_split(self.cfg.data_dir, split, self.cfg.layout)
+            except SpeechDataError as e:
+                field_name = "train_splits" if split in self.cfg.train_splits else "eval_splits"
+                raise ConfigError(f"field {field_name!r}: {e}") from None
+        return self._splits[split]
+
+    def check(self) -> None:
+        c, b = self.cfg, self.backbone_cfg
+        if not Path(c.data_dir).is_dir():
+            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
+                              f"(a demo corpus: foundation data make speech --out {c.data_dir})")
+        if b.arch != "encoder":
+            raise ConfigError(f"field 'backbone.arch': best_rq needs an 'encoder' backbone (got {b.arch!r})")
+        if b.experts and EXPERT not in b.experts:
+            raise ConfigError(f"field 'backbone.experts': the speech frames take the {EXPERT!r} expert, which "
+                              f"{list(b.experts)} lacks")
+        for split in c.train_splits + c.eval_splits:
+            for u in self.utterances(split):  # every audio header, before any training
+                audio_frames(u, c.sample_rate)
+        self.prepare()
+
+    def features(self, utt: Utterance) -> torch.Tensor:
+        return fbank(load_audio(utt, self.cfg.sample_rate), self.cfg.sample_rate, self.cfg.num_mel_bins)
+
+    def prepare(self) -> None:
+        """The global CMVN statistics, once (the ASR task's stage and file)."""
+        c = self.cfg
+        if c.stats_path.is_file():
+            return
+        utts = [u for s in c.train_splits for u in self.utterances(s)]
+        step = max(1, len(utts) // c.cmvn_max_utterances)
+        chosen = utts[::step][: c.cmvn_max_utterances]
+        _say(f"computing global CMVN statistics over {len(chosen)} training utterances -> {c.stats_path}")
+        save_stats(cmvn_stats(self.features(u) for u in chosen), c.stats_path)
+
+    def build_head(self) -> BestRQHead:
+        c = self.cfg
+        head = BestRQHead(dim=self.backbone_cfg.dim, num_mel_bins=c.num_mel_bins, vgg_channels=c.vgg_channels,
+                          codebook_size=c.codebook_size, codebook_dim=c.codebook_dim, num_codebooks=c.num_codebooks,
+                          quantizer_seed=c.quantizer_seed, mask_noise_std=c.mask_noise_std)
+        if c.stats_path.is_file():  # what prepare() wrote; a checkpoint brings its own values
+            stats = np.load(c.stats_path)
+            head.cmvn.set_stats(float(stats["count"]), stats["sum"], stats["sum_square"])
+        return head
+
+    def _dataset(self, train: bool) -> SpeechDataset:
+        c = self.cfg
+        splits = c.train_splits if train else c.eval_splits
+        utts = [(u, k) for k, s in enumerate(splits) for u in self.utterances(s)]
+        if not train and c.max_eval_utterances is not None and len(utts) > c.max_eval_utterances:
+            step = len(utts) / c.max_eval_utterances
+            utts = [utts[int(i * step)] for i in range(c.max_eval_utterances)]
+        return SpeechDataset(utts, self.features, train=train, mask_prob=c.mask_prob, mask_span=c.mask_span,
+                             crop_frames=c.crop_frames, cache=c.cache_features)
+
+    def train_dataset(self) -> SpeechDataset:
+        return self._dataset(True)
+
+    def eval_dataset(self) -> SpeechDataset:
+        return self._dataset(False)
+
+    def collate(self, samples: list) -> dict:
+        return collate(samples)
+
+    def eval_step(self, head: BestRQHead, backbone: nn.Module, batch) -> dict[str, torch.Tensor]:
+        logits, targets, _ = head.predict(backbone, batch)
+        return best_rq_sums(logits, targets, batch["mask"].sum(), batch["feat_lens"].sum())
+
+    def metrics(self, totals) -> dict[str, float]:
+        return best_rq_metrics(totals)
