@@ -8,9 +8,13 @@ import sys
 
 # (words, module, description)
 COMMANDS = [
+    (("demo",), "foundation.demo:main",
+     "make the demo data and compare Pre-LN with Magneto on every modality, ~10 min on 2 CPU cores"),
     (("train",), "foundation.engine.cli:train_main", "train from a YAML config: foundation train CONFIG [key=value ...]"),
     (("eval",), "foundation.engine.cli:eval_main", "evaluate a checkpoint: foundation eval CONFIG checkpoint=PATH"),
     (("plot",), "foundation.engine.cli:plot_main", "draw a run's loss/metric curves: foundation plot RUN_DIR"),
+    (("compare",), "foundation.engine.compare:main",
+     "one recipe under several norms x seeds x lrs, one report: foundation compare CONFIG | depth [--thousand]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),
     (("probe", "update"), "foundation.probe:main", "DeepNet model-update measurement per norm and depth"),
     (("bench", "backbone"), "foundation.bench:main", "time our backbone against timm and torchscale"),

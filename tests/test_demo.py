@@ -1,0 +1,33 @@
+"""`foundation demo` end to end on one stage: data made from nothing, both norms run
+through `foundation compare`, the summary table filled from their reports."""
+from __future__ import annotations
+
+import re
+
+from foundation import demo
+
+
+def test_demo_one_stage_from_nothing(tmp_path, capsys):
+    data, out = tmp_path / "data", tmp_path / "out"
+    rc = demo.main(["--only", "vision", "--steps-scale", "0.02", "--data", str(data), "--out", str(out), "--jobs", "1"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "[1/3]" in printed and "[2/3]" in printed and "[3/3]" in printed
+    assert (data / "vision-demo" / "train").is_dir()  # made, in the ImageNet layout
+    assert (out / "vision" / "report.md").is_file() and (out / "vision" / "curves.png").is_file()
+    rows = [line for line in (out / "summary.md").read_text().splitlines() if line.startswith("| image")]
+    assert len(rows) == 1
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert all(re.fullmatch(r"\d+\.\d", c) for c in cells[1:3]), rows  # a top-1 for Pre-LN and for Magneto
+    assert cells[3] == "3"  # 150 steps x 0.02
+    # the same command again reuses the data and the finished runs
+    rc = demo.main(["--only", "vision", "--steps-scale", "0.02", "--data", str(data), "--out", str(out), "--jobs", "1"])
+    assert rc == 0 and "exists, reused" in capsys.readouterr().out
+
+
+def test_demo_rejects_unknown_stage(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        demo.main(["--only", "vision,radar"])
+    assert "radar" in capsys.readouterr().err
