@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import abc
 import functools
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from foundation.config import ConfigError
 TOKENIZERS = ("open_clip", "sentencepiece")
 
 
-class Tokenizer:
+class Tokenizer(abc.ABC):
     """``encode(text, max_len)`` -> ids with bos/eos, truncated to ``max_len``; special ids
     and ``size`` (the smallest embedding that holds every id, ``[MASK]`` included)."""
 
@@ -31,8 +32,9 @@ class Tokenizer:
     size: int
     first_piece: int  # ids >= this (and < mask_id) are ordinary pieces (random replacement in MLM)
 
+    @abc.abstractmethod
     def pieces(self, text: str) -> list[int]:
-        raise NotImplementedError
+        """The text's piece ids, without bos / eos."""
 
     def encode(self, text: str, max_len: int) -> list[int]:
         if max_len < 3:
@@ -42,8 +44,9 @@ class Tokenizer:
             raise ValueError(f"text {text!r} has no tokens")
         return [self.bos_id] + ids[: max_len - 2] + [self.eos_id]
 
+    @abc.abstractmethod
     def decode(self, ids) -> str:
-        raise NotImplementedError
+        """Ids back to text."""
 
 
 class OpenCLIPTokenizer(Tokenizer):
