@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                      "eval.every=0", "save.every=0", "save.keep=1"]
         t0 = time.perf_counter()
         say(f"  {stage.name}: {steps} steps per run ...")
-        rc = compare(Path(stage.config), out, NORMS, [0], [_config_lr(stage.config)], overrides,
+        rc = compare(Path(stage.config), out, NORMS, [0], [_config_lr(stage.config, overrides)], overrides,
                      command=f"foundation demo (stage {stage.name})",
                      say=lambda text: say(f"  {stage.name}: {text}"))
         seconds = time.perf_counter() - t0
@@ -183,10 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _config_lr(config: str) -> float:
+def _config_lr(config: str, overrides: list[str]) -> float:
     from foundation.engine.config import load_config
 
-    return load_config(config, [], check_data=False)[0].optim.lr
+    return load_config(config, overrides, check_data=False)[0].optim.lr
 
 
 if __name__ == "__main__":
