@@ -12,16 +12,18 @@ base is fixed, so the evaluation is the same every time.
 """
 from __future__ import annotations
 
-import contextlib
 import random
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
 from foundation.config import ConfigError
+# one implementation of per-item, worker-independent randomness for every image task
+from tasks.classification.data import item_seed as train_item_seed
+from tasks.classification.data import seeded
 
 
 class DataError(ConfigError):
@@ -58,29 +60,11 @@ def image_transform(img_size: int, train: bool, mean: Sequence[float], std: Sequ
 
 
 def item_seed(index: int, train: bool) -> int:
-    """The seed of one item's randomness (see the module docstring)."""
+    """The seed of one item's randomness (see the module docstring): training items as the
+    vision tasks seed theirs, evaluation items from a fixed base."""
     if train:
-        info = torch.utils.data.get_worker_info()
-        base = info.seed - info.id if info is not None else int(torch.randint(0, 2**62, ()).item())
-    else:
-        base = 12345
-    return int(np.random.SeedSequence([base % 2**63, index]).generate_state(1, np.uint64)[0] >> 1)
-
-
-@contextlib.contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Python's, NumPy's and torch's CPU RNGs seeded inside, restored after (torchvision's
-    random transforms draw from the global RNGs)."""
-    py, npy = random.getstate(), np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
-        try:
-            yield
-        finally:
-            random.setstate(py)
-            np.random.set_state(npy)
+        return train_item_seed(index)
+    return int(np.random.SeedSequence([12345, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def transform_image(transform: Callable, image: Image.Image, seed: int | None, record: str) -> torch.Tensor:
