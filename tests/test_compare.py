@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 from foundation.engine import compare, loop
@@ -15,12 +14,7 @@ from tasks.seq2seq.model import Seq2SeqHead
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def toy(steps: int = 6, **train) -> dict:

@@ -34,12 +34,7 @@ ENGINE = {"log": {"progress": False, "tensorboard": False}, "optim": {"lr": 2e-3
 SENTENCES = ["GO LEFT", "STOP", "OPEN THE RED DOOR", "CALL NINE ONE"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------- tiny data

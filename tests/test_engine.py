@@ -29,13 +29,7 @@ from tasks.seq2seq.model import Seq2SeqHead
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread, and the tests share 2 cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_config(tmp_path: Path, **sections) -> dict:
@@ -284,6 +278,23 @@ def test_bad_config_fails_before_any_work(tmp_path, override, named, capsys):
     assert cli.train_main([str(path), override]) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_delete_override_removes_a_task_or_key(tmp_path):
+    cfg = tiny_config(tmp_path)
+    cfg["tasks"] = [{**cfg["tasks"][0], "id": "a"}, {**cfg["tasks"][0], "id": "b", "problem": "sort"}]
+    cfg["optim"]["clip_grad"] = 5.0
+    path = tmp_path / "cfg.yaml"
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    resolved, specs = load_config(path, ["~tasks.a", "~optim.clip_grad"])
+    assert [s.id for s in specs] == ["b"] and specs[0].config.problem == "sort"
+    assert resolved.optim.clip_grad == type(resolved.optim)().clip_grad  # back to the default
+    assert [s.id for s in load_config(path, ["~tasks.1"])[1]] == ["a"]
+    for bad, named in [("~tasks.c", "no task 'c'"), ("~optim.nosuch", "optim.nosuch"), ("~optim.lr=1", "~key")]:
+        with pytest.raises(ConfigError, match=named):
+            load_config(path, [bad])
+    with pytest.raises(ConfigError, match="at least one task"):
+        load_config(path, ["~tasks.a", "~tasks.b"])
 
 
 def test_unknown_task_lists_known_ones(tmp_path):

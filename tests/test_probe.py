@@ -10,13 +10,7 @@ from foundation.probe import main, model_update, reversal_batch, trace_update
 TINY = dict(batch=8, length=8, vocab=16)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: one thread avoids oversubscription on a shared CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_update_per_step_is_finite_and_starts_at_zero():

@@ -23,12 +23,7 @@ from tasks.segmentation.mmseg_backbone import MagnetoViT
 from tasks.segmentation.pretrained import load_vit_weights, main as convert_main, resize_pos_embed, resize_rel_pos_table
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -26,12 +26,7 @@ BACKBONE = {"dim": 32, "depth": 2, "heads": 2, "ffn_dim": 64}
 IMAGE = {"img_size": 16, "patch_size": 4}
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

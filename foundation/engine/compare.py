@@ -50,6 +50,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ NORM_COLORS = {"postln": "tab:red", "preln": "tab:blue", "deepnorm": "tab:green"
 SPIKE_WINDOW = 5  # logged steps averaged before comparing with explode_factor x the first loss
 STATUS_FILE = "status.json"  # written by foundation.engine.loop when a run returns
 DONE = ("finished", "diverged")  # engine statuses that need no further training
+REPORT_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -833,6 +835,7 @@ examples:
   foundation compare configs/vision/tiny_finetune_magneto.yaml --seeds 2 train.steps=100
   foundation compare depth                                              # DeepNet's depth figure in miniature
   foundation compare depth --thousand                                   # 500L-500L, deepnorm and magneto
+  foundation compare pretraining --seeds 2                              # cross-modal vs own-modality pretraining
 
 Re-running the same command skips finished runs and resumes unfinished ones.
 Run directories: OUT/runs/<norm>_lr<lr>_seed<seed> (standard `foundation train` runs: metrics.jsonl,
@@ -865,12 +868,17 @@ def main(argv: Sequence[str]) -> int:
     argv = list(argv)
     if argv[:1] == ["depth"]:
         return depth_main(argv[1:])
+    if argv[:1] == ["pretraining"]:
+        from foundation.engine.compare_pretraining import main as pretraining_main
+
+        return pretraining_main(argv[1:])
     p = argparse.ArgumentParser(
         prog="foundation compare", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
         description="Train one recipe (a `foundation train` config) under several norms, seeds and learning "
                     "rates, each its own run, and write a report: final metrics per norm (mean ± std over "
                     "seeds), convergence per learning rate and the curves. "
-                    "`foundation compare depth --help`: the depth-stability sweep.")
+                    "`foundation compare depth --help`: the depth-stability sweep; `foundation compare pretraining "
+                    "--help`: cross-modal against single-modality pretraining per task.")
     p.add_argument("config", help="a `foundation train` YAML config (see configs/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides for every run, e.g. train.steps=200")
     p.add_argument("--norms", default=",".join(DEFAULT_NORMS), help="comma-separated (default preln,magneto)")
@@ -914,8 +922,9 @@ def compare(config: Path, out: Path, norms: Sequence[str], seeds: Sequence[int],
     except KeyboardInterrupt:
         print("\ninterrupted; the same command resumes the comparison", file=sys.stderr)
         return 130
-    write_report(out, config, outcomes, norms, seeds, lrs, primary, higher, command, rules,
-                 runner.invocation(len(specs)))
+    with REPORT_LOCK:  # pyplot is not thread-safe: `foundation demo` runs comparisons in threads
+        write_report(out, config, outcomes, norms, seeds, lrs, primary, higher, command, rules,
+                     runner.invocation(len(specs)))
     say(f"wrote {out}/report.md, results.json, curves.png")
     return 0
 

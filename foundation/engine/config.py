@@ -10,7 +10,8 @@
 
 Every section is a dataclass below; an unknown key, a wrong type or a bad value raises
 ``ConfigError`` naming the key. Command-line overrides are dotted ``key=value`` pairs
-(``optim.lr=3e-4``, ``tasks.0.problem=sort`` or ``tasks.seq2seq.problem=sort``).
+(``optim.lr=3e-4``, ``tasks.0.problem=sort`` or ``tasks.seq2seq.problem=sort``); ``~key``
+deletes a key or a task entry (Hydra's syntax: ``~tasks.speech`` trains without that task).
 """
 from __future__ import annotations
 
@@ -229,22 +230,47 @@ def task_specs(entries: Sequence[Mapping[str, Any]], where: str = "config") -> l
 
 
 def apply_override(raw: DictConfig, item: str, where: str = "command line") -> None:
-    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists)."""
+    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists).
+    ``~key`` deletes the key (or the task entry ``~tasks.<id>``), as Hydra's delete override."""
     key, eq, value = item.partition("=")
     key = key.strip().lstrip("-")
-    if not eq or not key:
-        raise ConfigError(f"{where}: override {item!r} is not key=value")
+    delete = key.startswith("~")
+    key = key.lstrip("~")
+    if not key or (eq if delete else not eq):
+        raise ConfigError(f"{where}: override {item!r} is not key=value or ~key")
     parts = key.split(".")
     if parts[0] == "tasks" and len(parts) > 1 and not parts[1].isdigit():
         ids = [str(t.get("id") or t.get("name")) for t in raw.get("tasks") or []]
         if parts[1] not in ids:
             raise ConfigError(f"{where}: override {item!r}: no task {parts[1]!r} in the config (tasks: {', '.join(ids)})")
         parts[1] = str(ids.index(parts[1]))
+    if delete:
+        _delete(raw, parts, item, where)
+        return
     try:
         parsed = OmegaConf.from_dotlist([f"value={value}"])["value"]
         OmegaConf.update(raw, ".".join(parts), parsed, merge=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{where}: override {item!r}: {str(e).splitlines()[0]}") from None
+
+
+def _delete(raw: DictConfig, parts: list[str], item: str, where: str) -> None:
+    node: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, DictConfig) and part in node:
+            if last:
+                del node[part]
+                return
+            node = node[part]
+        elif OmegaConf.is_list(node) and part.isdigit() and int(part) < len(node):
+            if last:
+                del node[int(part)]
+                return
+            node = node[int(part)]
+        else:
+            break
+    raise ConfigError(f"{where}: override {item!r}: the config has no {'.'.join(parts[:i + 1])!r} to delete")
 
 
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, check_data: bool = True) -> tuple[TrainConfig, list[TaskSpec]]:

@@ -1,0 +1,300 @@
+"""``foundation compare pretraining``: does cross-modal pretraining help each task more than
+pretraining on the task's own modality alone, at the same budget?
+
+Four pretraining runs of ONE backbone (``configs/crossmodal/tiny_<norm>.yaml``: experts per
+modality, rel_pos 1d), all with the same steps, batches, schedule and seed:
+
+* ``crossmodal``: every task entry of the config - vision MIM, BEiT-3 masked data modeling
+  over texts / images / image-text pairs, BEST-RQ on speech - one batch of each per step;
+* ``vision`` / ``vl`` / ``speech``: the same config with only that modality's entries (the
+  others deleted with ``~tasks.<id>``), so each sees exactly the batches of its modality the
+  cross-modal run sees, and nothing else.
+
+"Same budget" is thus the same optimizer steps and the same in-modality data; the cross-modal
+run spends more compute per step (the other modalities' batches). Then every task's tiny
+recipe fine-tunes from scratch, from its modality's run and from the cross-modal run, with
+its backbone set to the pretraining one (width, depth, heads, relative positions) in all
+three, so only the initialisation differs. Every cell is an ordinary ``foundation compare``
+(one norm, the seeds); the same command again skips what finished and resumes the rest.
+
+    OUT/pretrain-<run>/           compare reports of the pretraining runs
+    OUT/<task>-<init>/            compare reports of the fine-tuning runs (init: scratch, single, crossmodal)
+    OUT/report.md, results.json   the table: task x init, mean ± std over seeds; pretraining.png
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from foundation.config import ConfigError
+
+PRETRAIN_CONFIG = "configs/crossmodal/tiny_{norm}.yaml"
+# modality run -> the task entries (ids in the cross-modal config) it keeps
+PRETRAIN_RUNS = {"vision": ("mim",), "vl": ("text", "image", "pair"), "speech": ("speech",),
+                 "crossmodal": ("mim", "text", "image", "pair", "speech")}
+INITS = ("scratch", "single", "crossmodal")
+INIT_LABELS = {"scratch": "scratch", "single": "own modality only", "crossmodal": "cross-modal"}
+ARCH_FIELDS = ("dim", "depth", "heads", "ffn_dim", "rel_pos")
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """A task's tiny recipe and the modality run that is its single-modality pretraining."""
+
+    name: str
+    config: str  # with {norm}
+    modality: str  # key of PRETRAIN_RUNS
+    metric: str  # shown: eval metric name (the compare report's primary metric is used for mean ± std)
+    scale: float  # 100 for fractions
+    overrides: tuple[str, ...] = ()
+
+
+FINETUNES = (  # the longest first, so that two jobs finish together
+    FineTune("asr", "configs/asr/tiny_{norm}.yaml", "speech", "wer", 1),
+    FineTune("vqa", "configs/vl/tiny_vqa_{norm}.yaml", "vl", "vqa_accuracy", 100),
+    FineTune("nlvr2", "configs/vl/tiny_nlvr2_{norm}.yaml", "vl", "accuracy", 100),
+    FineTune("classification", "configs/vision/tiny_finetune_{norm}.yaml", "vision", "top1", 100),
+    FineTune("segmentation", "configs/segmentation/tiny_{norm}.yaml", "vision", "mIoU", 1),
+)
+
+
+def pretrain_overrides(keep: Sequence[str], all_ids: Sequence[str]) -> list[str]:
+    return [f"~tasks.{i}" for i in all_ids if i not in keep]
+
+
+def weights(out: Path, run: str, norm: str, lr: float, seed: int) -> Path:
+    from foundation.engine.compare import grid
+
+    (spec,) = grid([norm], [seed], [lr])
+    return out / f"pretrain-{run}" / "runs" / spec.name / "best" / "model.safetensors"
+
+
+def finetune_overrides(ft: FineTune, init: str, arch: dict, ckpt: Optional[Path]) -> list[str]:
+    """The pretraining backbone's shape for every init; init_from (and, through the recipes'
+    ``${init_from}`` front-end fields, the front end) for the pretrained ones."""
+    shape = [f"backbone.{k}={arch[k]}" for k in ARCH_FIELDS]
+    return [*shape, f"init_from={ckpt if init != 'scratch' else 'null'}", *ft.overrides]
+
+
+def cell_table(cells: dict, finetunes: Sequence[FineTune]) -> str:
+    lines = ["| task | metric | " + " | ".join(INIT_LABELS[i] for i in INITS) + " |",
+             "|---|---|" + "---|" * len(INITS)]
+    for ft in finetunes:
+        row = [ft.name]
+        metric = None
+        for init in INITS:
+            c = cells.get((ft.name, init))
+            if c is None:
+                row.append("-")
+                continue
+            metric = c["metric"]
+            vals = [v for v in c["per_seed"] if v is not None]
+            if not vals:
+                row.append(c["verdict"])
+                continue
+            seeds_txt = " / ".join("div" if v is None else f"{v * ft.scale:.1f}" for v in c["per_seed"])
+            row.append(f"{c['mean'] * ft.scale:.1f} ± {c['std'] * ft.scale:.1f} ({seeds_txt})")
+        arrow = "" if metric is None else (" ↑" if cells[(ft.name, INITS[0])]["higher"] else " ↓")
+        lines.append(f"| {row[0]} | {metric or '-'}{arrow} | " + " | ".join(row[1:]) + " |")
+    return "\n".join(lines)
+
+
+def read_cell(out: Path) -> dict:
+    r = json.loads((out / "results.json").read_text())
+    (s,) = r["summary"]
+    primary = r["primary_metric"]
+    m = s["metrics"].get(primary, {"per_seed": []})
+    return {"metric": primary.split("/")[-1], "higher": r["higher_is_better"], "per_seed": m["per_seed"],
+            "mean": m.get("mean"), "std": m.get("std"),
+            "seeds": s["seeds"], "verdict": s["verdict"], "report": str(out / "report.md")}
+
+
+def plot(cells: dict, finetunes: Sequence[FineTune], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(finetunes), figsize=(2.6 * len(finetunes), 3.2), squeeze=False)
+    colors = {"scratch": "tab:gray", "single": "tab:blue", "crossmodal": "tab:purple"}
+    for ax, ft in zip(axes[0], finetunes):
+        for x, init in enumerate(INITS):
+            c = cells.get((ft.name, init))
+            vals = [v * ft.scale for v in (c["per_seed"] if c else []) if v is not None]
+            if not vals:
+                continue
+            mean = sum(vals) / len(vals)
+            ax.bar(x, mean, color=colors[init], alpha=0.8)
+            ax.plot([x] * len(vals), vals, "k.", ms=6)
+        c0 = cells.get((ft.name, INITS[0]))
+        ax.set_xticks(range(len(INITS)), ["scratch", "own\nmodality", "cross-\nmodal"], fontsize=8)
+        ax.set_title(f"{ft.name}: {c0['metric'] if c0 else ft.metric}" + ("" if not c0 else (" ↑" if c0["higher"] else " ↓")),
+                     fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="foundation compare pretraining", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.split("\n\n")[0].replace("``", "`"),
+        epilog="Needs the demo data and the visual tokenizer:\n"
+               "  foundation data make vision --out data/vision-demo && foundation train configs/vision/tiny_tokenizer.yaml\n"
+               "  foundation data make vl --out data/vl; foundation data make speech --out data/speech-demo\n"
+               "  foundation data make segmentation --out data/ade-demo\n"
+               "examples:\n"
+               "  foundation compare pretraining --seeds 2                 # everything, Magneto\n"
+               "  foundation compare pretraining --tasks vqa,nlvr2 --norm preln\n")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides for the pretraining runs, e.g. backbone.experts=[] or train.steps=600")
+    p.add_argument("--norm", default="magneto", help="the backbone rule of every run (default magneto)")
+    p.add_argument("--seeds", default="1", help="a count from 0 or a list (default 1); seed s pretrains "
+                                                "and then fine-tunes from its own pretraining runs")
+    p.add_argument("--tasks", default=",".join(f.name for f in FINETUNES),
+                   help="comma-separated fine-tuning tasks (default all: %(default)s)")
+    p.add_argument("--out", type=Path, default=Path("runs/compare-pretraining"), help="report directory")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2; set OMP_NUM_THREADS=1 on CPU)")
+    p.add_argument("--in-process", action="store_true", help="train in this process, one run at a time")
+    a = p.parse_intermixed_args(argv)
+    from foundation.engine.compare import _check_overrides, parse_norms, parse_seeds
+    from foundation.engine.config import load_config
+
+    try:
+        norms = parse_norms(a.norm)
+        if len(norms) != 1:
+            raise ValueError(f"--norm: one rule per comparison (got {a.norm!r}); run the command once per rule")
+        norm = norms[0]
+        seeds = parse_seeds(a.seeds, 0)
+        wanted = [t.strip() for t in a.tasks.split(",") if t.strip()]
+        known = {f.name: f for f in FINETUNES}
+        bad = [t for t in wanted if t not in known]
+        if bad or not wanted:
+            raise ValueError(f"--tasks: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(known)}")
+        if a.jobs < 1:
+            raise ValueError("--jobs must be >= 1")
+        _check_overrides(a.overrides, ("backbone.norm", "seed", "run_name", "output_dir", "resume", "overwrite"))
+        pre_config = Path(PRETRAIN_CONFIG.format(norm=norm))
+        base, specs = load_config(pre_config, a.overrides, check_data=False)
+    except (ValueError, ConfigError) as e:
+        print(f"foundation compare pretraining: error: {e}", file=sys.stderr)
+        return 2
+    finetunes = [f for f in FINETUNES if f.name in wanted]
+    return run(a.out, norm, seeds, finetunes, pre_config, list(a.overrides), [s.id for s in specs],
+               {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, base.optim.lr, a.jobs,
+               a.in_process, command="foundation compare pretraining " + " ".join(argv))
+
+
+def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune], pre_config: Path,
+        pre_overrides: list[str], all_ids: Sequence[str], arch: dict, lr: float, jobs: int,
+        in_process: bool = False, *, pretrain_runs: dict = PRETRAIN_RUNS, command: str = "",
+        say: Callable[[str], None] = print) -> int:
+    """Pretrain (the runs ``finetunes`` need) and fine-tune every task x init, seed by seed
+    (seed s fine-tunes from the pretraining runs of seed s), then write the report."""
+    from foundation.engine.compare import Rules, Runner, compare, grid, judge
+    from foundation.engine.compare import write_report as write_cell_report
+
+    if in_process:  # the engine seeds the process-wide RNGs: runs in threads of one process would race
+        jobs = 1
+    lock = threading.Lock()
+
+    def tell(msg: str) -> None:
+        with lock:
+            say(msg, flush=True) if say is print else say(msg)
+
+    needed = sorted({f.modality for f in finetunes} | {"crossmodal"}, key=lambda r: r != "crossmodal")
+    unknown = [i for r in needed for i in pretrain_runs[r] if i not in all_ids]
+    if unknown:
+        print(f"foundation compare pretraining: error: {pre_config} has no task entries {', '.join(unknown)} "
+              f"(it has {', '.join(all_ids)})", file=sys.stderr)
+        return 2
+    failed: list[str] = []
+
+    def go(job) -> None:
+        name, config, seed, overrides = job
+        if compare(config, out / name, [norm], [seed], [lr], overrides, in_process=in_process, command=command,
+                   say=lambda m: tell(f"  {name}: {m}")):
+            failed.append(f"{name} seed {seed}")
+
+    pre = {r: [*pre_overrides, *pretrain_overrides(pretrain_runs[r], all_ids)] for r in needed}
+    tell(f"[1/3] pretraining: {', '.join(needed)} x {len(seeds)} seeds, {jobs} at a time -> {out}/pretrain-*")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(go, [(f"pretrain-{r}", pre_config, seed, pre[r]) for seed in seeds for r in needed]))
+    if failed:
+        print(f"foundation compare pretraining: pretraining failed: {', '.join(failed)} (see "
+              f"{out}/pretrain-*/runs/*/train.log)", file=sys.stderr)
+        return 1
+
+    def overrides(ft: FineTune, init: str, seed: int) -> list[str]:
+        run = None if init == "scratch" else ft.modality if init == "single" else "crossmodal"
+        return finetune_overrides(ft, init, arch, run and weights(out, run, norm, lr, seed))
+
+    tell(f"[2/3] fine-tuning: {len(finetunes)} tasks x {len(INITS)} inits x {len(seeds)} seeds, {jobs} at a time")
+    with ThreadPoolExecutor(max_workers=jobs) as pool:  # seed-major: the first seed's table is complete first
+        list(pool.map(go, [(f"{ft.name}-{init}", Path(ft.config.format(norm=norm)), seed, overrides(ft, init, seed))
+                           for seed in seeds for ft in finetunes for init in INITS]))
+
+    tell("[3/3] report")
+    for r in needed:  # same overrides for every seed: compare itself reports (it trains nothing now)
+        compare(pre_config, out / f"pretrain-{r}", [norm], seeds, [lr], pre[r], in_process=in_process,
+                command=command, say=lambda m: None)
+    cells = {}
+    for ft in finetunes:  # init_from differs per seed: read the runs and write each cell's report
+        for init in INITS:
+            cell_out, config = out / f"{ft.name}-{init}", Path(ft.config.format(norm=norm))
+            specs = grid([norm], seeds, [lr])
+            primary, higher = Runner(config, cell_out, overrides(ft, init, seeds[0])).check(specs[:1])
+            outcomes = [judge(spec, cell_out / "runs" / spec.name, Rules()) for spec in specs]
+            write_cell_report(cell_out, config, outcomes, [norm], seeds, [lr], primary, higher, command, Rules(),
+                              "Every seed fine-tunes from the pretraining runs of the same seed.")
+            cells[(ft.name, init)] = read_cell(cell_out)
+    write_report(out, cells, finetunes, norm, seeds, pre_config, arch, command, {r: pretrain_runs[r] for r in needed})
+    tell(f"\n{cell_table(cells, finetunes)}\n\nwrote {out}/report.md, results.json, pretraining.png")
+    if failed:
+        print(f"foundation compare pretraining: failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def write_report(out: Path, cells: dict, finetunes, norm, seeds, pre_config, arch, command,
+                 pretrain_runs: dict) -> None:
+    shape = ", ".join(f"{k} {v}" for k, v in arch.items())
+    parts = [
+        "# Cross-modal vs single-modality pretraining",
+        "",
+        f"`{command.strip()}`",
+        "",
+        f"Backbone rule `{norm}`; every run has the backbone of `{pre_config}` ({shape}). Pretraining: the "
+        "runs below, the same steps and batches; the single-modality runs keep only their modality's task "
+        f"entries. Fine-tuning: each task's tiny recipe. Seeds {', '.join(map(str, seeds))}: seed s fine-tunes "
+        "from the pretraining runs of seed s. Mean ± sample std over seeds, per-seed values in brackets "
+        "(`div`: diverged).",
+        "",
+        "| pretraining run | task entries |",
+        "|---|---|",
+        *[f"| {r} | {', '.join(ids)} |" for r, ids in pretrain_runs.items()],
+        "",
+        "own modality only: " + "; ".join(f"{ft.name} from `{ft.modality}`" for ft in finetunes) + ".",
+        "",
+        cell_table(cells, finetunes),
+        "",
+        "![pretraining](pretraining.png)",
+        "",
+        "Each cell is a `foundation compare` report: "
+        + ", ".join(f"[{ft}-{i}]({ft}-{i}/report.md)" for ft, i in cells) + ".",
+        "",
+    ]
+    (out / "report.md").write_text("\n".join(parts))
+    results = {"command": command.strip(), "norm": norm, "seeds": list(seeds),
+               "backbone": arch, "pretrain_runs": {k: list(v) for k, v in pretrain_runs.items()},
+               "cells": [{"task": t, "init": i, **c} for (t, i), c in cells.items()]}
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if cells:
+        plot(cells, finetunes, out / "pretraining.png", f"{norm}: scratch vs own-modality vs cross-modal pretraining")

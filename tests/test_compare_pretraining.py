@@ -1,0 +1,111 @@
+"""``foundation compare pretraining``: single-modality runs are the cross-modal config minus
+the other modalities' entries, every fine-tuning init gets the right weights, and the report
+tabulates task x init; on two toy seq2seq "modalities" (CPU, seconds)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from foundation.engine import compare_pretraining as cp
+from foundation.engine.config import load_config
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def seq2seq(**fields) -> dict:
+    return {"name": "seq2seq", "vocab_size": 6, "min_len": 2, "max_len": 4, "train_size": 64, "eval_size": 16, **fields}
+
+
+def recipe(tasks: list, steps: int) -> dict:
+    return {
+        "run_name": "toy", "seed": 0,
+        "backbone": {"arch": "encoder_decoder", "norm": "magneto", "dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32},
+        "tasks": tasks, "optim": {"lr": 3e-3}, "schedule": {"warmup_steps": 1},
+        "train": {"steps": steps, "batch_size": 8}, "eval": {"every": 0, "batch_size": 16},
+        "save": {"every": 0, "keep": 1}, "log": {"progress": False, "tensorboard": False},
+    }
+
+
+def write(path: Path, cfg: dict) -> Path:
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    return path
+
+
+def test_pretraining_comparison_end_to_end(tmp_path, capsys):
+    # "modalities": reversal (rev) and sorting (srt); the fine-tuning task is reversal, with a
+    # narrower recipe than the pretraining backbone: every init gets the pretraining shape
+    pre = write(tmp_path / "pre.yaml", recipe([seq2seq(id="rev", problem="reverse"),
+                                               seq2seq(id="srt", problem="sort")], steps=4))
+    ft_cfg = recipe([seq2seq(problem="reverse")], steps=3)
+    ft_cfg["backbone"].update(dim=8, ffn_dim=16)
+    ft = cp.FineTune("rev", str(write(tmp_path / "ft.yaml", ft_cfg)), "rev", "exact_match", 100)
+    runs = {"rev": ("rev",), "srt": ("srt",), "crossmodal": ("rev", "srt")}
+    base, specs = load_config(pre, check_data=False)
+    arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
+    out = tmp_path / "out"
+
+    def go():
+        return cp.run(out, "magneto", [0, 1], [ft], pre, [], [s.id for s in specs], arch, 3e-3, jobs=2,
+                      in_process=True, pretrain_runs=runs, command="test")
+
+    assert go() == 0
+    # only the runs the tasks need; the single-modality run kept only its entry
+    assert sorted(p.name for p in out.glob("pretrain-*")) == ["pretrain-crossmodal", "pretrain-rev"]
+    for seed in (0, 1):  # one pretraining run per seed
+        run_cfg = lambda d: OmegaConf.load(out / d / "runs" / f"magneto_lr0.003_seed{seed}" / "config.yaml")  # noqa: E731
+        assert [t.id for t in run_cfg("pretrain-rev").tasks] == ["rev"]
+        assert [t.id for t in run_cfg("pretrain-crossmodal").tasks] == ["rev", "srt"]
+        assert run_cfg("pretrain-rev").train.steps == run_cfg("pretrain-crossmodal").train.steps == 4
+        assert run_cfg("pretrain-rev").seed == run_cfg("pretrain-crossmodal").seed == seed
+    # the inits: scratch none, single the rev run, crossmodal the cross-modal run of the same
+    # seed; all with the pretraining backbone's width
+    weights = {(r, s): str(cp.weights(out, r, "magneto", 3e-3, s)) for r in ("rev", "crossmodal") for s in (0, 1)}
+    for seed in (0, 1):
+        for init, want in [("scratch", None), ("single", weights["rev", seed]),
+                           ("crossmodal", weights["crossmodal", seed])]:
+            cfg = OmegaConf.load(out / f"rev-{init}" / "runs" / f"magneto_lr0.003_seed{seed}" / "config.yaml")
+            assert cfg.init_from == want and cfg.backbone.dim == 16 and cfg.backbone.ffn_dim == 32
+            assert cfg.seed == seed and cfg.train.steps == 3
+    # the three inits trained different models (same seed, same data: only the start differs)
+    from safetensors.torch import load_file
+
+    final = {i: load_file(str(out / f"rev-{i}" / "runs" / "magneto_lr0.003_seed0" / "best" / "model.safetensors"))
+             for i in cp.INITS}
+    key = next(k for k in final["scratch"] if k.startswith("backbone.") and k.endswith("fc1.weight"))
+    assert not torch.equal(final["scratch"][key], final["single"][key])
+    assert not torch.equal(final["single"][key], final["crossmodal"][key])
+    # the report
+    results = json.loads((out / "results.json").read_text())
+    cells = {(c["task"], c["init"]): c for c in results["cells"]}
+    assert set(cells) == {("rev", i) for i in cp.INITS}
+    assert all(len(c["per_seed"]) == 2 and c["metric"] == "exact_match" for c in cells.values())
+    cell = json.loads((out / "rev-single" / "results.json").read_text())  # each cell's compare report: both seeds
+    assert [r["seed"] for r in cell["runs"]] == [0, 1] and (out / "rev-single" / "curves.png").is_file()
+    assert json.loads((out / "pretrain-rev" / "results.json").read_text())["seeds"] == [0, 1]
+    report = (out / "report.md").read_text()
+    assert "| rev | exact_match ↑ |" in report and "| srt |" not in report  # srt was not run
+    assert (out / "pretraining.png").read_bytes()[:8] == PNG
+    # the same command again trains nothing
+    stamps = {p: p.stat().st_mtime for p in out.rglob("metrics.jsonl")}
+    capsys.readouterr()
+    assert go() == 0
+    assert {p: p.stat().st_mtime for p in out.rglob("metrics.jsonl")} == stamps
+    assert "training ..." not in capsys.readouterr().out
+
+
+def test_cli_errors(capsys):
+    from foundation.engine.compare import main
+
+    assert main(["pretraining", "--tasks", "asr,nosuch"]) == 2
+    assert "nosuch" in capsys.readouterr().err
+    assert main(["pretraining", "seed=3"]) == 2
+    assert "--seeds" in capsys.readouterr().err
+    assert main(["pretraining", "--norm", "preln,magneto"]) == 2
+    assert "one rule per comparison" in capsys.readouterr().err
