@@ -45,6 +45,7 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys):
                                                seq2seq(id="srt", problem="sort")], steps=4))
     ft_cfg = recipe([seq2seq(problem="reverse")], steps=3)
     ft_cfg["backbone"].update(dim=8, ffn_dim=16)
+    ft_cfg["optim"]["lr"] = 1e-3  # its own lr, not the pretraining one
     ft = cp.FineTune("rev", str(write(tmp_path / "ft.yaml", ft_cfg)), "rev", "exact_match", 100)
     runs = {"rev": ("rev",), "srt": ("srt",), "crossmodal": ("rev", "srt")}
     base, specs = load_config(pre, check_data=False)
@@ -70,13 +71,14 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys):
     for seed in (0, 1):
         for init, want in [("scratch", None), ("single", weights["rev", seed]),
                            ("crossmodal", weights["crossmodal", seed])]:
-            cfg = OmegaConf.load(out / f"rev-{init}" / "runs" / f"magneto_lr0.003_seed{seed}" / "config.yaml")
+            cfg = OmegaConf.load(out / f"rev-{init}" / "runs" / f"magneto_lr0.001_seed{seed}" / "config.yaml")
             assert cfg.init_from == want and cfg.backbone.dim == 16 and cfg.backbone.ffn_dim == 32
+            assert cfg.optim.lr == 1e-3
             assert cfg.seed == seed and cfg.train.steps == 3
     # the three inits trained different models (same seed, same data: only the start differs)
     from safetensors.torch import load_file
 
-    final = {i: load_file(str(out / f"rev-{i}" / "runs" / "magneto_lr0.003_seed0" / "best" / "model.safetensors"))
+    final = {i: load_file(str(out / f"rev-{i}" / "runs" / "magneto_lr0.001_seed0" / "best" / "model.safetensors"))
              for i in cp.INITS}
     key = next(k for k in final["scratch"] if k.startswith("backbone.") and k.endswith("fc1.weight"))
     assert not torch.equal(final["scratch"][key], final["single"][key])

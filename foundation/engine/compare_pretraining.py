@@ -210,7 +210,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
         with lock:
             say(msg, flush=True) if say is print else say(msg)
 
-    needed = sorted({f.modality for f in finetunes} | {"crossmodal"}, key=lambda r: r != "crossmodal")
+    needed = sorted({f.modality for f in finetunes} | {"crossmodal"}, key=lambda r: (r != "crossmodal", r))
     unknown = [i for r in needed for i in pretrain_runs[r] if i not in all_ids]
     if unknown:
         print(f"foundation compare pretraining: error: {pre_config} has no task entries {', '.join(unknown)} "
@@ -220,11 +220,16 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
 
     def go(job) -> None:
         name, config, seed, overrides = job
-        if compare(config, out / name, [norm], [seed], [lr], overrides, in_process=in_process, command=command,
-                   say=lambda m: tell(f"  {name}: {m}")):
+        if compare(config, out / name, [norm], [seed], [lrs[config]], overrides, in_process=in_process,
+                   command=command, say=lambda m: tell(f"  {name}: {m}")):
             failed.append(f"{name} seed {seed}")
 
+    from foundation.engine.config import load_config
+
     pre = {r: [*pre_overrides, *pretrain_overrides(pretrain_runs[r], all_ids)] for r in needed}
+    # every recipe keeps its own learning rate (compare would otherwise set one for all)
+    lrs = {pre_config: lr, **{Path(ft.config.format(norm=norm)): load_config(
+        ft.config.format(norm=norm), check_data=False)[0].optim.lr for ft in finetunes}}
     tell(f"[1/3] pretraining: {', '.join(needed)} x {len(seeds)} seeds, {jobs} at a time -> {out}/pretrain-*")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(go, [(f"pretrain-{r}", pre_config, seed, pre[r]) for seed in seeds for r in needed]))
@@ -250,10 +255,10 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
     for ft in finetunes:  # init_from differs per seed: read the runs and write each cell's report
         for init in INITS:
             cell_out, config = out / f"{ft.name}-{init}", Path(ft.config.format(norm=norm))
-            specs = grid([norm], seeds, [lr])
+            specs = grid([norm], seeds, [lrs[config]])
             primary, higher = Runner(config, cell_out, overrides(ft, init, seeds[0])).check(specs[:1])
             outcomes = [judge(spec, cell_out / "runs" / spec.name, Rules()) for spec in specs]
-            write_cell_report(cell_out, config, outcomes, [norm], seeds, [lr], primary, higher, command, Rules(),
+            write_cell_report(cell_out, config, outcomes, [norm], seeds, [lrs[config]], primary, higher, command, Rules(),
                               "Every seed fine-tunes from the pretraining runs of the same seed.")
             cells[(ft.name, init)] = read_cell(cell_out)
     write_report(out, cells, finetunes, norm, seeds, pre_config, arch, command, {r: pretrain_runs[r] for r in needed})
