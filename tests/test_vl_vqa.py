@@ -166,6 +166,32 @@ def test_vqa_config_errors(demo, tmp_path):
         build(VQAConfig, {"answer_vocab": str(tmp_path / "nope.txt")})
 
 
+def test_finetune_check_names_field_and_path(demo, tmp_path):
+    import shutil
+
+    from foundation.config import BackboneConfig, build
+    from tasks.nlvr2.task import NLVR2, NLVR2Config
+    from tasks.vqa.task import VQA, VQAConfig
+
+    backbone = BackboneConfig(dim=32, depth=1, heads=2, ffn_dim=64, experts=["vision", "text"])
+    common = {"img_size": 32, "patch_size": 8}
+    NLVR2(build(NLVR2Config, {"data_dir": str(demo / "nlvr2"), **common}), backbone).check()
+    with pytest.raises(ConfigError, match=r"field 'data_dir': .*data/test1\.json not found"):
+        NLVR2(build(NLVR2Config, {"data_dir": str(demo / "nlvr2"), "eval_split": "test1", **common}), backbone).check()
+    with pytest.raises(ConfigError, match="field 'data_dir': directory not found: .*demo NLVR2 to DIR/nlvr2"):
+        NLVR2(build(NLVR2Config, {"data_dir": str(tmp_path / "none"), **common}), backbone).check()
+    with pytest.raises(ConfigError, match="field 'pretrained_head': needs `pretrained` .*BEiT-3 NLVR2"):
+        NLVR2(build(NLVR2Config, {"data_dir": str(demo / "nlvr2"), "pretrained_head": True, **common}), backbone).check()
+    vqa = build(VQAConfig, {"data_dir": str(demo / "vqa"), "min_answer_count": 1, **common})
+    VQA(vqa, backbone).check()
+    copy = tmp_path / "vqa"
+    shutil.copytree(demo / "vqa", copy)
+    cfg = build(VQAConfig, {"data_dir": str(copy), "min_answer_count": 1, **common})
+    next(copy.glob("*val2014_annotations.json")).unlink()  # after the answer vocabulary was read
+    with pytest.raises(ConfigError, match=r"field 'annotation_dir': .*val2014_annotations\.json not found"):
+        VQA(cfg, backbone).check()
+
+
 def test_nlvr2_reader_errors_name_the_record(demo, tmp_path):
     from tasks.nlvr2.data import read_split
 

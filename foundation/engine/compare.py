@@ -764,48 +764,39 @@ def parse_norms(text: str) -> list[str]:
     return norms
 
 
-def parse_floats(text: str, flag: str = "--lrs") -> list[float]:
+def parse_list(text: str, flag: str, convert: Callable[[str], Any], what: str, example: str) -> list:
+    """A comma-separated command-line list: every item converts, at least one, none twice."""
     out = []
-    for t in text.split(","):
-        t = t.strip()
+    for t in (t.strip() for t in text.split(",")):
         if not t:
             continue
         try:
-            v = float(t)
+            out.append(convert(t))
         except ValueError:
-            raise ValueError(f"{flag}: {t!r} is not a number (expected e.g. 1e-3,3e-3)") from None
+            raise ValueError(f"{flag}: {t!r} is not {what} (expected e.g. {example})") from None
+    if not out:
+        raise ValueError(f"{flag}: give at least one value (e.g. {example})")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{flag}: a value is listed twice: {text}")
+    return out
+
+
+def parse_floats(text: str, flag: str = "--lrs") -> list[float]:
+    out = parse_list(text, flag, float, "a number", "1e-3,3e-3")
+    for t, v in zip([t.strip() for t in text.split(",") if t.strip()], out):
         if not math.isfinite(v) or v <= 0:
             raise ValueError(f"{flag}: {t!r} must be a positive number")
-        out.append(v)
-    if not out:
-        raise ValueError(f"{flag}: give at least one value (e.g. 1e-3,3e-3)")
-    if len(set(out)) != len(out):
-        raise ValueError(f"{flag}: a value is listed twice: {text}")
     return out
 
 
-def parse_ints(text: str, flag: str) -> list[int]:
-    out = []
-    for t in text.split(","):
-        t = t.strip()
-        if not t:
-            continue
-        try:
-            v = int(t)
-        except ValueError:
-            raise ValueError(f"{flag}: {t!r} is not a whole number") from None
-        out.append(v)
-    if not out:
-        raise ValueError(f"{flag}: give at least one value")
-    if len(set(out)) != len(out):
-        raise ValueError(f"{flag}: a value is listed twice: {text}")
-    return out
+def parse_ints(text: str, flag: str, example: str = "6,18") -> list[int]:
+    return parse_list(text, flag, int, "a whole number", example)
 
 
 def parse_seeds(text: str, base: int = 0) -> list[int]:
     """``3`` = three seeds from the config's (base, base+1, base+2); ``0,5,7`` = these."""
     if "," in text:
-        return parse_ints(text, "--seeds")
+        return parse_ints(text, "--seeds", "0,1")
     try:
         n = int(text)
     except ValueError:

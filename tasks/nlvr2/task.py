@@ -8,7 +8,6 @@ from typing import Optional
 
 import torch
 
-from foundation.config import ConfigError
 from foundation.engine.task import register_task
 from tasks.nlvr2.data import NLVR2Dataset, collate, read_split
 from tasks.nlvr2.metrics import nlvr2_metrics, nlvr2_sums
@@ -40,14 +39,8 @@ class NLVR2(VLTask):
     def check(self) -> None:
         super().check()
         c = self.cfg
-        if c.data_dir is None or not Path(c.data_dir).is_dir():
-            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
-                              "(`foundation data make vl --out DIR` writes a demo NLVR2 to DIR/nlvr2)")
-        for split in (c.train_split, c.eval_split):
-            if not (Path(c.data_dir) / "data" / f"{split}.json").is_file():
-                raise ConfigError(f"field 'data_dir': {Path(c.data_dir) / 'data' / f'{split}.json'} not found")
-        if c.pretrained_head and c.pretrained is None:
-            raise ConfigError("field 'pretrained_head': needs `pretrained` (a converted BEiT-3 NLVR2 checkpoint)")
+        self.check_finetune_data("NLVR2", "nlvr2", [("data_dir", Path(c.data_dir or ".") / "data" / f"{split}.json")
+                                                    for split in (c.train_split, c.eval_split)])
 
     def build_head(self) -> NLVR2Head:
         head = NLVR2Head(self.embedding(), self.backbone_cfg.dim, self.backbone_cfg.layernorm_eps)

@@ -146,6 +146,20 @@ class VLTask(Task):
         if self.cfg.pretrained is not None and not Path(self.cfg.pretrained).is_file():
             raise ConfigError(f"field 'pretrained': file not found: {self.cfg.pretrained}")
 
+    def check_finetune_data(self, dataset: str, demo_subdir: str, files: list[tuple[str, Path]]) -> None:
+        """A fine-tuning task's data_dir, its annotation ``files`` ((field, path)) and
+        ``pretrained_head`` (VQA, NLVR2): each error names the field and the path."""
+        c = self.cfg
+        if c.data_dir is None or not Path(c.data_dir).is_dir():
+            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
+                              f"(`foundation data make vl --out DIR` writes a demo {dataset} to DIR/{demo_subdir})")
+        for name, path in files:
+            if not path.is_file():
+                raise ConfigError(f"field '{name}': {path} not found")
+        if c.pretrained_head and c.pretrained is None:
+            raise ConfigError(f"field 'pretrained_head': needs `pretrained` (a converted BEiT-3 {self.name.upper()} "
+                              "checkpoint)")
+
     def shared(self, name: str, settings: dict[str, Any], make: Callable[[], nn.Module]) -> nn.Module:
         """The group's module ``name`` (built by the first head that asks, with ``make``);
         every task asking for it must ask with the same ``settings``."""

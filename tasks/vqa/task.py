@@ -75,16 +75,9 @@ class VQA(VLTask):
     def check(self) -> None:
         super().check()
         c = self.cfg
-        if c.data_dir is None or not Path(c.data_dir).is_dir():
-            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
-                              "(`foundation data make vl --out DIR` writes a demo VQA v2 to DIR/vqa)")
-        for split in (c.train_split, c.eval_split):
-            for pattern in (QUESTIONS, ANNOTATIONS):
-                path = Path(c.annotations) / pattern.format(split=split)
-                if not path.is_file():
-                    raise ConfigError(f"field 'annotation_dir': {path} not found")
-        if c.pretrained_head and c.pretrained is None:
-            raise ConfigError("field 'pretrained_head': needs `pretrained` (a converted BEiT-3 VQA checkpoint)")
+        self.check_finetune_data("VQA v2", "vqa", [("annotation_dir", Path(c.annotations) / pattern.format(split=split))
+                                                   for split in (c.train_split, c.eval_split)
+                                                   for pattern in (QUESTIONS, ANNOTATIONS)])
 
     def build_head(self) -> VQAHead:
         head = VQAHead(self.embedding(), self.backbone_cfg.dim, len(self.cfg.answers), self.backbone_cfg.layernorm_eps)
