@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -161,8 +162,9 @@ def main(argv: Sequence[str]) -> int:
                                                 "and then fine-tunes from its own pretraining runs")
     p.add_argument("--tasks", default=",".join(f.name for f in FINETUNES),
                    help="comma-separated fine-tuning tasks (default all: %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("runs/compare-pretraining"), help="report directory")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2; set OMP_NUM_THREADS=1 on CPU)")
+    p.add_argument("--out", type=Path, default=Path("runs/compare-pretraining"),
+                   help="report directory (default %(default)s)")
+    p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--in-process", action="store_true", help="train in this process, one run at a time")
     a = p.parse_intermixed_args(argv)
     from foundation.engine.compare import _check_overrides, parse_norms, parse_seeds
@@ -188,6 +190,7 @@ def main(argv: Sequence[str]) -> int:
         print(f"foundation compare pretraining: error: {e}", file=sys.stderr)
         return 2
     finetunes = [f for f in FINETUNES if f.name in wanted]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread per run is fastest (as foundation demo)
     return run(a.out, norm, seeds, finetunes, pre_config, list(a.overrides), [s.id for s in specs],
                {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, base.optim.lr, a.jobs,
                a.in_process, command="foundation compare pretraining " + " ".join(argv))
