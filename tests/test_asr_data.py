@@ -12,7 +12,7 @@ import torch
 
 from foundation.config import ConfigError
 from tasks.asr.data import (audio_frames, cmvn_stats, fbank, length_buckets, load_audio, num_frames,
-                            read_kaldi_dir, read_librispeech)
+                            SpeechDataError, read_kaldi_dir, read_librispeech)
 from tasks.asr.demo import VOICES, make_corpus
 from tasks.asr.model import GlobalCMVN
 from tasks.asr.task import ASR, ASRConfig
@@ -206,6 +206,21 @@ def test_missing_kaldi_entries_are_named(tmp_path):
     (tmp_path / "text").write_text("a HELLO\nb WORLD\n")
     with pytest.raises(ConfigError, match="utterance b has a transcript in text but no entry in wav.scp"):
         read_kaldi_dir(tmp_path)
+
+
+def test_kaldi_wav_paths_relative_to_the_data_dir_and_no_pipes(tmp_path):
+    from tasks.best_rq.data import read_audio_kaldi
+
+    (tmp_path / "wav").mkdir()
+    (tmp_path / "wav" / "a.wav").write_bytes(b"")
+    (tmp_path / "wav.scp").write_text("a wav/a.wav\nb /abs/b.wav\n")
+    (tmp_path / "text").write_text("a HELLO\nb WORLD\n")
+    for read in (read_kaldi_dir, read_audio_kaldi):  # ASR and BEST-RQ (no transcripts) read wav.scp alike
+        assert [u.audio for u in read(tmp_path)] == [str(tmp_path / "wav" / "a.wav"), "/abs/b.wav"]
+    (tmp_path / "wav.scp").write_text("a wav/a.wav\nb sox b.flac -t wav - |\n")
+    for read in (read_kaldi_dir, read_audio_kaldi):
+        with pytest.raises(SpeechDataError, match=r"wav.scp: utterance b: piped commands are not supported"):
+            read(tmp_path)
 
 
 def test_missing_espeak_says_how_to_install(monkeypatch, tmp_path, capsys):

@@ -81,18 +81,22 @@ def read_kaldi_dir(data_dir: str | Path) -> list[Utterance]:
     if no_audio:
         raise SpeechDataError(f"{root}: utterance {no_audio[0]} has a transcript in text but no entry in wav.scp"
                               + (f" ({len(no_audio) - 1} more)" if len(no_audio) > 1 else ""))
-    out = []
-    for utt, text in texts.items():
-        path = wavs[utt].strip()
-        if path.endswith("|"):
-            raise SpeechDataError(f"{root}/wav.scp: utterance {utt}: piped commands are not supported "
-                                  f"({path!r}); write the audio to files first")
-        if not os.path.isabs(path):
-            path = str(root / path) if (root / path).exists() else path
-        out.append(Utterance(utt, path, text.strip(), spk.get(utt, "")))
+    out = [Utterance(utt, wav_path(root, utt, wavs[utt]), text.strip(), spk.get(utt, "")) for utt, text in texts.items()]
     if not out:
         raise SpeechDataError(f"{root}/text is empty")
     return out
+
+
+def wav_path(root: Path, utt: str, entry: str) -> str:
+    """A wav.scp entry as a file path: relative to the data dir when it exists there; piped
+    commands (Kaldi's ``... |``) are refused."""
+    path = entry.strip()
+    if path.endswith("|"):
+        raise SpeechDataError(f"{root}/wav.scp: utterance {utt}: piped commands are not supported "
+                              f"({path!r}); write the audio to files first")
+    if not os.path.isabs(path) and (root / path).exists():
+        path = str(root / path)
+    return path
 
 
 def read_split(root: str | Path, split: str, layout: str) -> list[Utterance]:

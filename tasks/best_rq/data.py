@@ -13,7 +13,6 @@ seeded per item (new masks every epoch in training, the same ones at every evalu
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tasks.asr.data import LAYOUTS, FeatureCache, SpeechDataError, Utterance
+from tasks.asr.data import LAYOUTS, FeatureCache, SpeechDataError, Utterance, wav_path
 from tasks.vl_common.images import item_seed
 
 AUDIO_SUFFIXES = (".flac", ".wav")
@@ -45,15 +44,7 @@ def read_audio_kaldi(data_dir: str | Path) -> list[Utterance]:
         raise SpeechDataError(f"Kaldi data dir {root}: wav.scp not found")
     wavs = read_2columns_text(root / "wav.scp")
     spk = read_2columns_text(root / "utt2spk") if (root / "utt2spk").is_file() else {}
-    out = []
-    for utt, path in wavs.items():
-        path = path.strip()
-        if path.endswith("|"):
-            raise SpeechDataError(f"{root}/wav.scp: utterance {utt}: piped commands are not supported "
-                                  f"({path!r}); write the audio to files first")
-        if not os.path.isabs(path):
-            path = str(root / path) if (root / path).exists() else path
-        out.append(Utterance(utt, path, "", spk.get(utt, "")))
+    out = [Utterance(utt, wav_path(root, utt, path), "", spk.get(utt, "")) for utt, path in wavs.items()]
     if not out:
         raise SpeechDataError(f"{root}/wav.scp is empty")
     return out
