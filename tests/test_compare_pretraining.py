@@ -4,6 +4,7 @@ tabulates task x init; on two toy seq2seq "modalities" (CPU, seconds)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,9 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys):
     assert json.loads((out / "pretrain-rev" / "results.json").read_text())["seeds"] == [0, 1]
     report = (out / "report.md").read_text()
     assert "| rev | exact_match ↑ |" in report and "| srt |" not in report  # srt was not run
+    # the objective alone and in the cross-modal run, both seeds
+    row = next(line for line in report.splitlines() if line.startswith("| rev (`rev` run) | rev/exact_match |"))
+    assert len(re.findall(r"\(\d+\.\d / \d+\.\d\)", row)) == 2
     assert (out / "pretraining.png").read_bytes()[:8] == PNG
     # the same command again trains nothing
     stamps = {p: p.stat().st_mtime for p in out.rglob("metrics.jsonl")}

@@ -264,15 +264,42 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
             write_cell_report(cell_out, config, outcomes, [norm], seeds, [lrs[config]], primary, higher, command, Rules(),
                               "Every seed fine-tunes from the pretraining runs of the same seed.")
             cells[(ft.name, init)] = read_cell(cell_out)
-    write_report(out, cells, finetunes, norm, seeds, pre_config, arch, command, {r: pretrain_runs[r] for r in needed})
+    primaries = {t.id: t.cls.primary_metric for t in load_config(pre_config, pre_overrides, check_data=False)[1]}
+    write_report(out, cells, finetunes, norm, seeds, pre_config, arch, command, {r: pretrain_runs[r] for r in needed},
+                 pretrain_table(out, {r: pretrain_runs[r] for r in needed}, primaries))
     tell(f"\n{cell_table(cells, finetunes)}\n\nwrote {out}/report.md, results.json, pretraining.png")
     if failed:
         print(f"foundation compare pretraining: failed: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0
 
 
+def pretrain_table(out: Path, pretrain_runs: dict, primaries: dict[str, str]) -> str:
+    """Each pretraining objective's own evaluation (its task's primary metric, in %), trained
+    alone with its modality and inside the cross-modal run."""
+    def summary(run: str) -> dict:
+        path = out / f"pretrain-{run}" / "results.json"
+        return json.loads(path.read_text())["summary"][0]["metrics"] if path.is_file() else {}
+
+    def fmt(m: Optional[dict]) -> str:
+        vals = [v for v in (m or {}).get("per_seed", []) if v is not None]
+        if not vals:
+            return "-"
+        return f"{m['mean'] * 100:.1f} ± {m['std'] * 100:.1f} (" + " / ".join(f"{v * 100:.1f}" for v in vals) + ")"
+
+    cross = summary("crossmodal")
+    lines = ["| objective | metric (%) | its modality alone | cross-modal |", "|---|---|---|---|"]
+    for run, ids in pretrain_runs.items():
+        if run == "crossmodal":
+            continue
+        alone = summary(run)
+        for i in ids:
+            key = f"{i}/{primaries.get(i, 'accuracy')}"
+            lines.append(f"| {i} (`{run}` run) | {key} | {fmt(alone.get(key))} | {fmt(cross.get(key))} |")
+    return "\n".join(lines)
+
+
 def write_report(out: Path, cells: dict, finetunes, norm, seeds, pre_config, arch, command,
-                 pretrain_runs: dict) -> None:
+                 pretrain_runs: dict, objectives: str = "") -> None:
     shape = ", ".join(f"{k} {v}" for k, v in arch.items())
     parts = [
         "# Cross-modal vs single-modality pretraining",
@@ -289,7 +316,12 @@ def write_report(out: Path, cells: dict, finetunes, norm, seeds, pre_config, arc
         "|---|---|",
         *[f"| {r} | {', '.join(ids)} |" for r, ids in pretrain_runs.items()],
         "",
-        "own modality only: " + "; ".join(f"{ft.name} from `{ft.modality}`" for ft in finetunes) + ".",
+        "The pretraining objectives after the last step (evaluation on held-out data):",
+        "",
+        objectives,
+        "",
+        "Fine-tuning (own modality only: " + "; ".join(f"{ft.name} from `{ft.modality}`" for ft in finetunes)
+        + "):",
         "",
         cell_table(cells, finetunes),
         "",
