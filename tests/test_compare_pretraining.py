@@ -106,6 +106,22 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys):
     assert "training ..." not in capsys.readouterr().out
 
 
+def test_a_bad_recipe_stops_everything_before_training(tmp_path, capsys):
+    pre = write(tmp_path / "pre.yaml", recipe([seq2seq(id="rev", problem="reverse"),
+                                               seq2seq(id="srt", problem="sort")], steps=4))
+    ft = cp.FineTune("rev", str(write(tmp_path / "ft.yaml", recipe([seq2seq(data_dir=str(tmp_path / "none"))], 3))),
+                     "rev", "exact_match", 100)
+    base, specs = load_config(pre, check_data=False)
+    arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
+    runs = {"rev": ("rev",), "srt": ("srt",), "crossmodal": ("rev", "srt")}
+    out = tmp_path / "out"
+    assert cp.run(out, "magneto", [0], [ft], pre, [], [s.id for s in specs], arch, 3e-3, jobs=1, in_process=True,
+                  pretrain_runs=runs) == 2
+    err = capsys.readouterr().err
+    assert "ft.yaml" in err and "data_dir" in err and str(tmp_path / "none") in err
+    assert not out.exists()  # nothing trained
+
+
 def test_cli_errors(capsys):
     from foundation.engine.compare import main
 

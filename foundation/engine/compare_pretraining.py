@@ -233,6 +233,20 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
     # every recipe keeps its own learning rate (compare would otherwise set one for all)
     lrs = {pre_config: lr, **{Path(ft.config.format(norm=norm)): load_config(
         ft.config.format(norm=norm), check_data=False)[0].optim.lr for ft in finetunes}}
+    # every recipe resolves (data, tokenizer, overrides) before anything trains; the fine-tuning
+    # ones as scratch runs (their init_from files are made by the pretraining)
+    errors = []
+    for config, overrides in [*((pre_config, o) for o in pre.values()),
+                              *((Path(ft.config.format(norm=norm)), finetune_overrides(ft, "scratch", arch, None))
+                                for ft in finetunes)]:
+        try:
+            load_config(config, [*overrides, f"backbone.norm={norm}"])
+        except ConfigError as e:
+            if str(e) not in errors:
+                errors.append(str(e))
+    if errors:
+        print("\n".join(f"foundation compare pretraining: error: {e}" for e in errors), file=sys.stderr)
+        return 2
     tell(f"[1/3] pretraining: {', '.join(needed)} x {len(seeds)} seeds, {jobs} at a time -> {out}/pretrain-*")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(go, [(f"pretrain-{r}", pre_config, seed, pre[r]) for seed in seeds for r in needed]))
