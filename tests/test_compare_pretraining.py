@@ -54,7 +54,7 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys):
     out = tmp_path / "out"
 
     def go():
-        return cp.run(out, "magneto", [0, 1], [ft], pre, [], [s.id for s in specs], arch, 3e-3, jobs=2,
+        return cp.run(out, "magneto", [0, 1], [ft], pre, [], [s.id for s in specs], arch, jobs=2,
                       in_process=True, pretrain_runs=runs, command="test")
 
     assert go() == 0
@@ -115,7 +115,7 @@ def test_a_bad_recipe_stops_everything_before_training(tmp_path, capsys):
     arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
     runs = {"rev": ("rev",), "srt": ("srt",), "crossmodal": ("rev", "srt")}
     out = tmp_path / "out"
-    assert cp.run(out, "magneto", [0], [ft], pre, [], [s.id for s in specs], arch, 3e-3, jobs=1, in_process=True,
+    assert cp.run(out, "magneto", [0], [ft], pre, [], [s.id for s in specs], arch, jobs=1, in_process=True,
                   pretrain_runs=runs) == 2
     err = capsys.readouterr().err
     assert "ft.yaml" in err and "data_dir" in err and str(tmp_path / "none") in err

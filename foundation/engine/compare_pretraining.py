@@ -192,18 +192,19 @@ def main(argv: Sequence[str]) -> int:
     finetunes = [f for f in FINETUNES if f.name in wanted]
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread per run is fastest (as foundation demo)
     return run(a.out, norm, seeds, finetunes, pre_config, list(a.overrides), [s.id for s in specs],
-               {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, base.optim.lr, a.jobs,
+               {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, a.jobs,
                a.in_process, command="foundation compare pretraining " + " ".join(argv))
 
 
 def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune], pre_config: Path,
-        pre_overrides: list[str], all_ids: Sequence[str], arch: dict, lr: float, jobs: int,
+        pre_overrides: list[str], all_ids: Sequence[str], arch: dict, jobs: int,
         in_process: bool = False, *, pretrain_runs: dict = PRETRAIN_RUNS, command: str = "",
         say: Callable[[str], None] = print) -> int:
     """Pretrain (the runs ``finetunes`` need) and fine-tune every task x init, seed by seed
     (seed s fine-tunes from the pretraining runs of seed s), then write the report."""
     from foundation.engine.compare import Rules, Runner, compare, grid, judge
     from foundation.engine.compare import write_report as write_cell_report
+    from foundation.engine.config import load_config
 
     if in_process:  # the engine seeds the process-wide RNGs: runs in threads of one process would race
         jobs = 1
@@ -219,6 +220,24 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
         print(f"foundation compare pretraining: error: {pre_config} has no task entries {', '.join(unknown)} "
               f"(it has {', '.join(all_ids)})", file=sys.stderr)
         return 2
+    pre = {r: [*pre_overrides, *pretrain_overrides(pretrain_runs[r], all_ids)] for r in needed}
+    recipe = {ft.name: Path(ft.config.format(norm=norm)) for ft in finetunes}
+
+    # every recipe resolves (data, tokenizer, overrides) before anything trains, the fine-tuning
+    # ones as scratch runs (their init_from files come from the pretraining); each keeps its own
+    # learning rate (compare would otherwise set one for all)
+    lrs: dict[Path, float] = {}
+    errors: list[str] = []
+    for config, overrides in [*((pre_config, o) for o in pre.values()),
+                              *((recipe[ft.name], finetune_overrides(ft, "scratch", arch, None)) for ft in finetunes)]:
+        try:
+            lrs[config] = load_config(config, [*overrides, f"backbone.norm={norm}"])[0].optim.lr
+        except ConfigError as e:
+            if str(e) not in errors:
+                errors.append(str(e))
+    if errors:
+        print("\n".join(f"foundation compare pretraining: error: {e}" for e in errors), file=sys.stderr)
+        return 2
     failed: list[str] = []
 
     def go(job) -> None:
@@ -227,26 +246,6 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
                    command=command, say=lambda m: tell(f"  {name}: {m}")):
             failed.append(f"{name} seed {seed}")
 
-    from foundation.engine.config import load_config
-
-    pre = {r: [*pre_overrides, *pretrain_overrides(pretrain_runs[r], all_ids)] for r in needed}
-    # every recipe keeps its own learning rate (compare would otherwise set one for all)
-    lrs = {pre_config: lr, **{Path(ft.config.format(norm=norm)): load_config(
-        ft.config.format(norm=norm), check_data=False)[0].optim.lr for ft in finetunes}}
-    # every recipe resolves (data, tokenizer, overrides) before anything trains; the fine-tuning
-    # ones as scratch runs (their init_from files are made by the pretraining)
-    errors = []
-    for config, overrides in [*((pre_config, o) for o in pre.values()),
-                              *((Path(ft.config.format(norm=norm)), finetune_overrides(ft, "scratch", arch, None))
-                                for ft in finetunes)]:
-        try:
-            load_config(config, [*overrides, f"backbone.norm={norm}"])
-        except ConfigError as e:
-            if str(e) not in errors:
-                errors.append(str(e))
-    if errors:
-        print("\n".join(f"foundation compare pretraining: error: {e}" for e in errors), file=sys.stderr)
-        return 2
     tell(f"[1/3] pretraining: {', '.join(needed)} x {len(seeds)} seeds, {jobs} at a time -> {out}/pretrain-*")
     with ThreadPoolExecutor(max_workers=jobs) as pool:
         list(pool.map(go, [(f"pretrain-{r}", pre_config, seed, pre[r]) for seed in seeds for r in needed]))
@@ -257,21 +256,21 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
 
     def overrides(ft: FineTune, init: str, seed: int) -> list[str]:
         run = None if init == "scratch" else ft.modality if init == "single" else "crossmodal"
-        return finetune_overrides(ft, init, arch, run and weights(out, run, norm, lr, seed))
+        return finetune_overrides(ft, init, arch, run and weights(out, run, norm, lrs[pre_config], seed))
 
     tell(f"[2/3] fine-tuning: {len(finetunes)} tasks x {len(INITS)} inits x {len(seeds)} seeds, {jobs} at a time")
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # seed-major: the first seed's table is complete first
-        list(pool.map(go, [(f"{ft.name}-{init}", Path(ft.config.format(norm=norm)), seed, overrides(ft, init, seed))
+        list(pool.map(go, [(f"{ft.name}-{init}", recipe[ft.name], seed, overrides(ft, init, seed))
                            for seed in seeds for ft in finetunes for init in INITS]))
 
     tell("[3/3] report")
     for r in needed:  # same overrides for every seed: compare itself reports (it trains nothing now)
-        compare(pre_config, out / f"pretrain-{r}", [norm], seeds, [lr], pre[r], in_process=in_process,
+        compare(pre_config, out / f"pretrain-{r}", [norm], seeds, [lrs[pre_config]], pre[r], in_process=in_process,
                 command=command, say=lambda m: None)
     cells = {}
     for ft in finetunes:  # init_from differs per seed: read the runs and write each cell's report
         for init in INITS:
-            cell_out, config = out / f"{ft.name}-{init}", Path(ft.config.format(norm=norm))
+            cell_out, config = out / f"{ft.name}-{init}", recipe[ft.name]
             specs = grid([norm], seeds, [lrs[config]])
             primary, higher = Runner(config, cell_out, overrides(ft, init, seeds[0])).check(specs[:1])
             outcomes = [judge(spec, cell_out / "runs" / spec.name, Rules()) for spec in specs]
