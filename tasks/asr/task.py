@@ -5,7 +5,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import torch
@@ -20,6 +20,25 @@ from tasks.asr.model import TransducerHead, load_frontend
 from tasks.asr.tokenizer import Tokenizer, TranscriptError, train_tokenizer
 
 DECODINGS = ("greedy", "beam")
+
+
+def check_speech_fields(cfg) -> Callable[[str, str], ConfigError]:
+    """The fields every speech task config has (ASR, BEST-RQ): data layout and splits, audio
+    features, CMVN, VGG front end. Returns the config's error maker for its own checks."""
+    def bad(name: str, msg: str) -> ConfigError:
+        return ConfigError(f"field {name!r}: {msg} (got {getattr(cfg, name)!r})")
+
+    if cfg.layout not in LAYOUTS:
+        raise bad("layout", f"must be one of {', '.join(LAYOUTS)}")
+    for name in ("train_splits", "eval_splits"):
+        if not getattr(cfg, name):
+            raise bad(name, "list at least one split")
+    for name in ("sample_rate", "num_mel_bins", "cmvn_max_utterances"):
+        if getattr(cfg, name) < 1:
+            raise bad(name, "must be >= 1")
+    if len(cfg.vgg_channels) != 2 or min(cfg.vgg_channels) < 1:
+        raise bad("vgg_channels", "two positive channel counts")
+    return bad
 
 
 @dataclass
@@ -63,23 +82,13 @@ class ASRConfig:
     init_embed_from: Optional[str] = None  # checkpoint whose VGG front end initialises this one (BEST-RQ, ASR runs)
 
     def __post_init__(self) -> None:
-        def bad(name: str, msg: str) -> ConfigError:
-            return ConfigError(f"field {name!r}: {msg} (got {getattr(self, name)!r})")
-
-        if self.layout not in LAYOUTS:
-            raise bad("layout", f"must be one of {', '.join(LAYOUTS)}")
-        for name in ("train_splits", "eval_splits"):
-            if not getattr(self, name):
-                raise bad(name, "list at least one split")
+        bad = check_speech_fields(self)
         if len(set(self.eval_splits)) != len(self.eval_splits):
             raise bad("eval_splits", "splits must be distinct")
-        for name in ("sample_rate", "num_mel_bins", "vocab_size", "max_frames", "cmvn_max_utterances",
-                     "predictor_embed_dim", "predictor_dim", "predictor_layers", "joint_dim", "aux_mlp_dim",
-                     "beam_size", "max_symbols_per_frame"):
+        for name in ("vocab_size", "max_frames", "predictor_embed_dim", "predictor_dim", "predictor_layers",
+                     "joint_dim", "aux_mlp_dim", "beam_size", "max_symbols_per_frame"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
-        if len(self.vgg_channels) != 2 or min(self.vgg_channels) < 1:
-            raise bad("vgg_channels", "two positive channel counts")
         for name in ("ctc_weight", "aux_transducer_weight", "joint_sub_batch", "freq_masks", "freq_mask_width",
                      "time_masks"):
             if getattr(self, name) < 0:

@@ -33,7 +33,8 @@ from torch import nn
 
 from foundation.config import ConfigError
 from foundation.engine.task import Task, register_task
-from tasks.asr.data import LAYOUTS, SpeechDataError, Utterance, audio_frames, cmvn_stats, fbank, load_audio, save_stats
+from tasks.asr.data import SpeechDataError, Utterance, audio_frames, cmvn_stats, fbank, load_audio, save_stats
+from tasks.asr.task import check_speech_fields
 from tasks.best_rq.data import SpeechDataset, collate, read_audio_split
 from tasks.best_rq.metrics import best_rq_metrics, best_rq_sums
 from tasks.best_rq.model import EXPERT, BestRQHead
@@ -65,16 +66,8 @@ class BestRQConfig:
     mask_noise_std: float = 0.1
 
     def __post_init__(self) -> None:
-        def bad(name: str, msg: str) -> ConfigError:
-            return ConfigError(f"field {name!r}: {msg} (got {getattr(self, name)!r})")
-
-        if self.layout not in LAYOUTS:
-            raise bad("layout", f"must be one of {', '.join(LAYOUTS)}")
-        for name in ("train_splits", "eval_splits"):
-            if not getattr(self, name):
-                raise bad(name, "list at least one split")
-        for name in ("sample_rate", "num_mel_bins", "cmvn_max_utterances", "codebook_dim", "num_codebooks",
-                     "mask_span"):
+        bad = check_speech_fields(self)
+        for name in ("codebook_dim", "num_codebooks", "mask_span"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
         if self.codebook_size < 2:
@@ -82,8 +75,6 @@ class BestRQConfig:
         for name in ("crop_frames", "max_eval_utterances"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise bad(name, "must be >= 1 or null")
-        if len(self.vgg_channels) != 2 or min(self.vgg_channels) < 1:
-            raise bad("vgg_channels", "two positive channel counts")
         if not 0.0 < self.mask_prob < 1.0:
             raise bad("mask_prob", "must be in (0, 1)")
         if self.mask_noise_std < 0:
