@@ -17,6 +17,8 @@ COMMANDS = [
      "one recipe under several norms x seeds x lrs, one report: foundation compare CONFIG | depth [--thousand]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),
     (("probe", "update"), "foundation.probe:main", "DeepNet model-update measurement per norm and depth"),
+    (("export", "timm"), "tasks.classification.export:main",
+     "a classification run as a timm model file: foundation export timm RUN_DIR --out model.safetensors"),
     (("bench", "backbone"), "foundation.bench:main", "time our backbone against timm and torchscale"),
 ]
 

@@ -46,7 +46,10 @@ class Stack(nn.Module):
         return_layers: Iterable[int] | None = None,
         memory: torch.Tensor | None = None,
         memory_padding_mask: torch.Tensor | None = None,
+        stop_early: bool = False,
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """``stop_early``: skip the layers after the last of ``return_layers`` (timm's
+        ``forward_intermediates(stop_early=True)``); the final norm then applies to that layer."""
         B, T, _ = x.shape
         if padding_mask is not None:  # padded positions carry zeros, whatever the caller put there
             x = x.masked_fill(padding_mask[..., None], 0.0)
@@ -67,6 +70,8 @@ class Stack(nn.Module):
                 x = layer(x, segments, mask, is_causal, memory, memory_mask)
             if i in wanted:
                 hidden[wanted[i]] = x
+                if stop_early and len(hidden) == len(wanted):
+                    break
         if self.norm is not None:
             x = route(self.norm, x, segments)
         return x, hidden
@@ -143,6 +148,7 @@ class Backbone(nn.Module):
         *,
         decoder_x: torch.Tensor | None = None,
         decoder_padding_mask: torch.Tensor | None = None,
+        stop_early: bool = False,
     ):
         if self.config.arch == "encoder_decoder":
             if decoder_x is None:
@@ -152,7 +158,7 @@ class Backbone(nn.Module):
         if decoder_x is not None:
             raise ValueError(f"decoder_x is only used with arch='encoder_decoder', not {self.config.arch!r}")
         segments = self._check(x, padding_mask, attn_mask, segments)
-        out, hidden = self.main(x, padding_mask, attn_mask, segments, return_layers)
+        out, hidden = self.main(x, padding_mask, attn_mask, segments, return_layers, stop_early=stop_early)
         return (out, hidden) if return_layers is not None else out
 
     def encode(self, x, padding_mask=None, attn_mask=None, segments=None) -> torch.Tensor:

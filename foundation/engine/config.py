@@ -273,15 +273,44 @@ def _delete(raw: DictConfig, parts: list[str], item: str, where: str) -> None:
     raise ConfigError(f"{where}: override {item!r}: the config has no {'.'.join(parts[:i + 1])!r} to delete")
 
 
+def shipped_configs_dir() -> Path | None:
+    """The configs/ folder shipped with the package (package ``foundation_configs``, mapped
+    onto configs/ in pyproject), else the one beside the sources (a clone on PYTHONPATH)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("foundation_configs")  # a data-only (namespace) package
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+    else:
+        root = Path(__file__).resolve().parents[2] / "configs"
+    return root if root.is_dir() else None
+
+
+def find_config(path: str | Path) -> Path:
+    """A config file by path (relative to the current directory), else a shipped config by
+    name: ``vision/tiny_finetune_magneto``, with or without ``.yaml`` and ``configs/``, so
+    the README's ``configs/...`` paths work from any directory."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    shipped = shipped_configs_dir()
+    name = Path(*path.parts[1:]) if path.parts[:1] == ("configs",) else path
+    if shipped is not None and not path.is_absolute() and name.name:
+        for candidate in (name, name.with_name(name.name + ".yaml")):
+            if (shipped / candidate).is_file():
+                return shipped / candidate
+    where = f" (nor a shipped config under {shipped}: e.g. vision/tiny_finetune_magneto)" if shipped else ""
+    raise ConfigError(f"config file not found: {path}{where}")
+
+
 def load_config(path: str | Path, overrides: Sequence[str] = (), *, check_data: bool = True) -> tuple[TrainConfig, list[TaskSpec]]:
     """Read, override and validate a training config: types, values, tasks, paths.
 
     Returns the config (its ``tasks`` normalised to full entries, as saved in the run
     directory) and the task specs. Everything that can be checked without training is.
+    ``path`` is a file, or the name of a shipped config (see ``find_config``).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    path = find_config(path)
     try:
         raw = OmegaConf.load(path)
     except Exception as e:  # yaml syntax errors
