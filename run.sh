@@ -34,6 +34,10 @@ install() {
     "${pip[@]}" 'pip<25'                            # ESPnet's dependency ci_sdr declares a git-URL extra that pip >= 25 rejects
     "${pip[@]}" -e "$root[test]"                    # the package, the `foundation` command, every task's dependencies
     "${pip[@]}" --no-deps torchscale==0.3.0         # official Magneto code; its own pins (timm 0.6, fairscale) conflict
+    # an editable install leaves out setup.py's data file: the start-up hook that lets mmseg
+    # import on mmcv-lite (tasks/segmentation/mmseg_autoinstall.py)
+    cp "$root/tasks/segmentation/foundation_mmseg.pth" \
+        "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
     echo "$key" > "$venv/.foundation-installed"
 }
 

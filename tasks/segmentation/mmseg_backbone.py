@@ -15,7 +15,16 @@ postln | deepnorm) and returns what BEiT returns: a tuple of (B, C, H/p, W/p) ma
 one relative position table shared by all blocks (BEiT's ``shared_rel_pos_bias``),
 biases on q, k and v (BEiT: q and v), exact GELU, LayerNorm eps from ``norm_cfg``.
 
-Importing this module installs the mmcv-lite compatibility step first (mmseg_compat).
+mmseg's inference APIs work on these configs as on its own, from a program's first line::
+
+    from mmseg.apis import MMSegInferencer, inference_model, init_model
+    model = init_model('configs/segmentation/mmseg/tiny-magneto_upernet_demo-48x48.py', 'iter_2000.pth')
+    result = inference_model(model, 'demo.jpg')
+
+(``custom_imports`` in the config brings this module in; on mmcv-lite the start-up hook
+``foundation_mmseg.pth``, see ``mmseg_autoinstall``, readies ``mmcv.ops`` before mmseg's
+first import; with full mmcv nothing is needed). Importing this module installs the
+mmcv-lite compatibility step too (mmseg_compat), for programs that import it first.
 """
 from __future__ import annotations
 

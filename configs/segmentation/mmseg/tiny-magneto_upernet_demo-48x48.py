@@ -42,10 +42,12 @@ train_pipeline = [
     dict(type='PhotoMetricDistortion'),
     dict(type='PackSegInputs'),
 ]
+# mmseg's own LoadAnnotations here: init_model / inference_model / MMSegInferencer drop it by
+# that name to run on images without annotations (the checked loader guards the training data)
 test_pipeline = [
     dict(type='LoadImageFromFile'),
     dict(type='Resize', scale=(192, 48), keep_ratio=True),
-    dict(type='LoadCheckedAnnotations', num_classes=num_classes),
+    dict(type='LoadAnnotations', reduce_zero_label=True),
     dict(type='PackSegInputs'),
 ]
 train_dataloader = dict(
