@@ -14,6 +14,15 @@ or transducer decoders) like any ESPnet encoder::
 
 The keyword arguments are ``BackboneConfig`` fields (relative positions on by default,
 as in the paper's speech encoder), so they also work as an ESPnet ``encoder_conf``.
+
+ESPnet's config-driven training names encoders in ``espnet2.tasks.asr.encoder_choices``;
+``register_in_espnet()`` adds ``magneto`` there, after which an ESPnet config says::
+
+    encoder: magneto
+    encoder_conf: {dim: 256, depth: 12, heads: 4, norm: magneto}
+
+``python -m tasks.asr.espnet_train --config conf/train_asr_magneto.yaml ...`` is ESPnet's
+``python -m espnet2.bin.asr_train`` with that registration done first.
 """
 from __future__ import annotations
 
@@ -60,3 +69,15 @@ class MagnetoEncoder(AbsEncoder):
             raise ValueError("MagnetoEncoder is not a streaming encoder: prev_states must be None")
         out, olens, _ = encode(self.frontend, self.backbone, xs_pad, ilens)
         return out, olens, None
+
+
+def register_in_espnet(name: str = "magneto") -> None:
+    """Make ``encoder: magneto`` (``--encoder magneto``) a choice of ESPnet's ASR task, for
+    its parser, its config files and ``ASRTask.build_model``. Imports ``espnet2.tasks.asr``
+    (ESPnet's whole task stack: ~20 s on a CPU), so nothing calls it at import."""
+    from espnet2.tasks.asr import encoder_choices
+
+    known = encoder_choices.classes.get(name)
+    if known is not None and known is not MagnetoEncoder:
+        raise ValueError(f"ESPnet's ASR encoder {name!r} is already {known.__qualname__}")
+    encoder_choices.classes[name] = MagnetoEncoder
