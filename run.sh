@@ -29,7 +29,7 @@ install() {
         echo "run.sh: creating $venv" >&2
         "$py" -m venv "$venv"
     fi
-    echo "run.sh: installing the stack into $venv (first time: several minutes, ~8 GB) ..." >&2
+    echo "run.sh: installing what is missing into $venv (the first time: ~5 min, 7.8 GB) ..." >&2
     local pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
     "${pip[@]}" 'pip<25'                            # ESPnet's dependency ci_sdr declares a git-URL extra that pip >= 25 rejects
     "${pip[@]}" -e "$root[test]"                    # the package, the `foundation` command, every task's dependencies
