@@ -154,9 +154,10 @@ def load_front_end(head: ImageEmbedding, path: str | Path, log: Callable[[str], 
 def to_vit(model: nn.Module, head_id: str = "classification") -> nn.Module:
     """A fine-tuned classification run (a ``MultiTaskModel``) as a ``foundation.vit.VisionTransformer``
     computing the same logits: the same tensor names, without the ``heads.<id>.`` prefix.
-    ``foundation.checkpoint.save`` writes it in the format timm's registry loads, for the
-    224 / patch-16 sizes: ``timm.create_model("magneto_base_patch16_224", pretrained=True,
-    num_classes=..., global_pool="avg", fc_norm=True, pretrained_cfg_overlay=dict(file=...))``."""
+    ``foundation.checkpoint.save`` writes it in the format timm's registry loads (what
+    ``foundation export timm RUN_DIR --out FILE`` does): ``timm.create_model(
+    "magneto_tiny_patch16_224", pretrained=True, pretrained_cfg_overlay=dict(file=FILE))``
+    builds the file's architecture."""
     from foundation import checkpoint
     from foundation.vit import VisionTransformer, ViTConfig
 
