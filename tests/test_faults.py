@@ -1,0 +1,315 @@
+"""Fault injection: each defect of issue 16 ("runs that cannot corrupt each other or lie")
+reproduced and checked. Two runs into one directory, a resume with a changed config or a
+checkpoint that does not fit, non-finite learning rates and weights, bad files met
+mid-run, a full disk, a torn log line, a truncated or malicious checkpoint, images of
+every PIL mode, and the smaller reader cases. All CPU, tiny."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+from safetensors.torch import load_file
+from test_engine import records, run, tiny_config
+
+from foundation import checkpoint
+from foundation.checkpoint import CheckpointError
+from foundation.config import ConfigError
+from foundation.engine import checkpointing, cli
+from foundation.engine.failure import EXIT_CODES, DiskFull, RunDirInUse, WriteFailed, write_failure
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def write_config(tmp_path: Path, cfg: dict, name: str = "cfg.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    return path
+
+
+def snapshot(run_dir: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file of a run directory but its lock."""
+    return {str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(run_dir.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+def status(run_dir: Path) -> dict:
+    return json.loads((run_dir / "status.json").read_text())
+
+
+def all_finite(path: Path) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in load_file(str(path)).values() if t.is_floating_point())
+
+
+# ---------------------------------------------------------------------------- 1. one owner per run directory
+
+
+HOLD = """
+import sys, time
+from foundation.engine.distributed import Env
+from foundation.engine.rundir import RunDir
+with RunDir(sys.argv[1], Env(0, 1, 0, None, False)):
+    print("held", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_second_run_into_a_held_directory_is_refused_and_a_killed_holder_frees_it(tmp_path):
+    cfg = tiny_config(tmp_path, train={"steps": 2})
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunDirInUse, match=f"in use by another run \\(pid {holder.pid} on "):
+            run(cfg)
+        assert snapshot(run_dir) == {}  # the refused run wrote nothing
+        path = write_config(tmp_path, cfg)
+        proc = subprocess.run([sys.executable, "-m", "foundation.cli", "train", str(path)], env=ENV, cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == EXIT_CODES["locked"] == 5
+        assert proc.stderr.strip().count("\n") == 0 and f"pid {holder.pid}" in proc.stderr
+    finally:
+        holder.send_signal(signal.SIGKILL)  # kill -9: the kernel drops the lock with the process
+        holder.wait()
+    assert run(cfg).status == "finished"
+
+
+def test_two_runs_started_at_once_never_mix(tmp_path):
+    """Two `foundation train` processes, other seeds and lrs, one run directory: one trains,
+    the other is refused in one line (in use, or already holding a run if it came late);
+    the directory holds one run, its config and its records."""
+    paths = [write_config(tmp_path, tiny_config(tmp_path, seed=seed, optim={"lr": lr}, train={"steps": 6},
+                                                save={"every": 1}), f"cfg{seed}.yaml")
+             for seed, lr in ((0, 5e-3), (7, 1e-2))]
+    procs = [subprocess.Popen([sys.executable, "-m", "foundation.cli", "train", str(p)], env=ENV, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in paths]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = [p.returncode for p in procs]
+    assert sorted(codes) in ([0, EXIT_CODES["locked"]], [0, EXIT_CODES["config"]]), outs
+    loser = codes.index(0) ^ 1
+    assert "Traceback" not in outs[loser][1] and outs[loser][1].strip().count("\n") == 0
+    winner_seed = (0, 7)[codes.index(0)]
+    run_dir = tmp_path / "run"
+    assert OmegaConf.load(run_dir / "config.yaml").seed == winner_seed
+    steps = [r["step"] for r in records(run_dir) if "loss" in r and "event" not in r]
+    assert steps == list(range(1, 7))
+    assert status(run_dir)["status"] == "finished"
+
+
+# ---------------------------------------------------------------------------- 2, 3. resume compares configs
+
+
+def test_resume_with_a_changed_lr_is_refused_and_changes_nothing(tmp_path):
+    cfg = tiny_config(tmp_path, train={"steps": 8})
+    run(cfg, "train.stop_at=4")
+    before = snapshot(tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"1 field\(s\) differ .*optim.lr: 0.003 -> 0.001.*--allow-change optim.lr"):
+        run(cfg, "resume=true", "optim.lr=1e-3")
+    assert snapshot(tmp_path / "run") == before
+
+
+def test_resume_with_an_allowed_lr_change_trains_with_it_and_records_it(tmp_path, capsys):
+    """Steps 5-8 after `--resume optim.lr=1e-3 --allow-change optim.lr` use exactly the lrs
+    of a run trained with 1e-3 from the start; config.yaml says 1e-3 and keeps the history."""
+    path = write_config(tmp_path, tiny_config(tmp_path, train={"steps": 8}))
+    assert cli.train_main([str(path), "train.stop_at=4"]) == 0
+    assert cli.train_main([str(path), "--resume", "optim.lr=1e-3", "--allow-change", "optim.lr"]) == 0
+    assert "with optim.lr: 0.003 -> 0.001 (--allow-change)" in capsys.readouterr().out
+    straight = run(tiny_config(tmp_path, run_name="straight", optim={"lr": 1e-3}, train={"steps": 8}))
+    lrs = {r["step"]: r["lr"] for r in records(tmp_path / "run") if "lr" in r}
+    want = {r["step"]: r["lr"] for r in records(straight.run_dir) if "lr" in r}
+    assert [lrs[s] for s in range(5, 9)] == pytest.approx([want[s] for s in range(5, 9)], rel=1e-12)
+    text = (tmp_path / "run" / "config.yaml").read_text()
+    assert "#   step 4: optim.lr: 0.003 -> 0.001" in text
+    saved = OmegaConf.load(tmp_path / "run" / "config.yaml")
+    assert saved.optim.lr == 1e-3 and list(saved.allow_change) == []
+    change = next(r for r in records(tmp_path / "run") if r.get("event") == "config_change")
+    assert change["step"] == 4 and change["field"] == "optim.lr" and change["new"] == 1e-3
+
+
+def test_resume_refused_for_a_shape_mismatch_leaves_the_run_usable(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, train={"steps": 4})
+    path = write_config(tmp_path, cfg)
+    assert cli.train_main([str(path), "train.stop_at=2"]) == 0
+    run_dir = tmp_path / "run"
+    before = snapshot(run_dir)
+    wider = ["backbone.dim=64", "backbone.ffn_dim=128", "--allow-change", "backbone"]
+    assert cli.train_main([str(path), "--resume", *wider]) == EXIT_CODES["checkpoint"]
+    err = capsys.readouterr().err
+    assert "foundation train: error:" in err and "Traceback" not in err
+    assert snapshot(run_dir) == before  # config.yaml, status.json ("stopped"), logs: all as they were
+    assert cli.eval_main([str(run_dir / "config.yaml"), f"checkpoint={run_dir}", "--json"]) == 0
+
+
+# ---------------------------------------------------------------------------- 5. non-finite lr and weights
+
+
+@pytest.mark.parametrize("value", ["inf", ".inf", "-inf", "nan"])
+def test_a_non_finite_learning_rate_is_refused(tmp_path, value):
+    with pytest.raises(ConfigError, match="optim.lr.*finite"):
+        run(tiny_config(tmp_path), f"optim.lr={value}")
+    assert not (tmp_path / "run").exists()
+
+
+def test_non_finite_init_from_weights_are_refused(tmp_path):
+    from foundation import Backbone
+    from foundation.engine.config import resolve
+
+    cfg = tiny_config(tmp_path, train={"steps": 2, "max_nonfinite": 10}, eval={"every": 1})
+    backbone = Backbone(resolve(cfg)[0].backbone)
+    with torch.no_grad():
+        backbone.encoder.layers[0].attn.qkv.weight[0, 0] = float("nan")
+    checkpoint.save(backbone, tmp_path / "nan.safetensors")
+    with pytest.raises(ConfigError, match="init_from.*NaN or inf"):
+        run(cfg, f"init_from={tmp_path / 'nan.safetensors'}")
+    run_dir = tmp_path / "run"
+    assert not (run_dir / "best").exists() and not (run_dir / "ckpt").exists()
+    assert status(run_dir)["status"] == "failed" and "NaN or inf" in status(run_dir)["message"]
+
+
+def test_weights_that_become_non_finite_are_never_saved(tmp_path, monkeypatch):
+    """An optimizer step that makes the weights NaN (as optim.lr=inf did) in a run shorter
+    than max_nonfinite: the run ends "diverged" (exit 1), best/ and every checkpoint finite."""
+    real_step = torch.optim.AdamW.step
+    calls = []
+
+    def poisoned(self, *a, **k):
+        out = real_step(self, *a, **k)
+        calls.append(1)
+        if len(calls) == 3:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("inf"))
+        return out
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", poisoned)
+    path = write_config(tmp_path, tiny_config(tmp_path, train={"steps": 5, "max_nonfinite": 10},
+                                              eval={"every": 1}, save={"every": 1, "keep": 10}))
+    assert cli.train_main([str(path)]) == EXIT_CODES["diverged"]
+    run_dir = tmp_path / "run"
+    assert status(run_dir)["status"] == "diverged" and "weights are not finite" in status(run_dir)["message"]
+    saved = sorted((run_dir / "ckpt").iterdir())
+    assert [p.name for p in saved] == ["step_000001", "step_000002"]
+    assert all(all_finite(p / "model.safetensors") for p in saved)
+    assert all_finite(run_dir / "best" / "model.safetensors")
+    assert (run_dir / "last").read_text().strip() == "ckpt/step_000002"
+
+
+# ---------------------------------------------------------------------------- 6. failures: one line, status, exit code
+
+
+def test_a_full_disk_is_named_and_recorded(tmp_path, monkeypatch, capsys):
+    real_save = checkpointing.torch.save
+
+    def full(obj, f, *a, **k):
+        if "step_000004" in str(f):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(checkpointing.torch, "save", full)
+    path = write_config(tmp_path, tiny_config(tmp_path, train={"steps": 6}, save={"every": 2}))
+    assert cli.train_main([str(path)]) == EXIT_CODES["disk_full"]
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert err.startswith("foundation train: error: disk full: could not write ") and "step_000004/state.pt" in err
+    run_dir = tmp_path / "run"
+    info = status(run_dir)
+    assert info["status"] == "failed" and info["failure"] == "disk_full" and info["exit_code"] == 6
+    assert info["message"] in err and info["step"] == 4
+    assert "OSError" in (run_dir / "error.log").read_text()  # the traceback, for whoever needs it
+    assert not (run_dir / "ckpt" / ".tmp-step_000004").exists()  # the partial checkpoint's space given back
+    assert (run_dir / "last").read_text().strip() == "ckpt/step_000002"
+
+
+def test_torch_short_write_is_a_full_disk_when_space_is_low(tmp_path):
+    """torch's zip writer says only "unexpected pos A vs B" when the disk fills up."""
+    e = RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 195776 vs 195668")
+    assert isinstance(write_failure(tmp_path / "state.pt", e, free=4096), DiskFull)
+    other = write_failure(tmp_path / "state.pt", e, free=10 * 2**30)
+    assert isinstance(other, WriteFailed) and "short write" in str(other)
+
+
+def test_a_torn_last_line_of_metrics_is_dropped_on_resume(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, train={"steps": 6})
+    run(cfg, "train.stop_at=3")
+    log = tmp_path / "run" / "metrics.jsonl"
+    log.write_text(log.read_text() + '{"step": 4, "loss": 2.07, "lr"')  # killed mid-write
+    assert run(cfg, "resume=true").status == "finished"
+    assert "metrics.jsonl: dropped its last line, torn by an interrupted write" in capsys.readouterr().err
+    steps = [r["step"] for r in records(tmp_path / "run") if "loss" in r and "event" not in r]
+    assert steps == list(range(1, 7))
+
+
+def test_a_damaged_line_inside_metrics_is_named(tmp_path):
+    cfg = tiny_config(tmp_path, train={"steps": 4})
+    run(cfg, "train.stop_at=2")
+    log = tmp_path / "run" / "metrics.jsonl"
+    lines = log.read_text().splitlines()
+    log.write_text("\n".join(["{oops", *lines[1:]]) + "\n")
+    with pytest.raises(CheckpointError, match="metrics.jsonl, line 1: not a JSON record"):
+        run(cfg, "resume=true")
+
+
+def test_a_truncated_safetensors_as_init_from(tmp_path, capsys):
+    from foundation import Backbone
+    from foundation.engine.config import resolve
+
+    cfg = tiny_config(tmp_path)
+    checkpoint.save(Backbone(resolve(cfg)[0].backbone), tmp_path / "bb.safetensors")
+    data = (tmp_path / "bb.safetensors").read_bytes()
+    (tmp_path / "cut.safetensors").write_bytes(data[: len(data) - 1000])
+    path = write_config(tmp_path, cfg)
+    assert cli.train_main([str(path), f"init_from={tmp_path / 'cut.safetensors'}"]) == EXIT_CODES["config"]
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "field 'init_from'" in err and "not a readable safetensors file" in err
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, (f"touch {_Exploit.marker}",))
+
+
+def test_a_malicious_state_pt_is_refused_without_advice_to_unpickle(tmp_path, capsys):
+    cfg = tiny_config(tmp_path, train={"steps": 4})
+    path = write_config(tmp_path, cfg)
+    assert cli.train_main([str(path), "train.stop_at=2"]) == 0
+    _Exploit.marker = tmp_path / "pwned"
+    state = tmp_path / "run" / "ckpt" / "step_000002" / "state.pt"
+    torch.save({"step": 2, "payload": _Exploit()}, state)
+    assert cli.train_main([str(path), "--resume"]) == EXIT_CODES["checkpoint"]
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(state) in err and "refused" in err
+    assert "weights_only" not in err and "Traceback" not in err
+    assert not _Exploit.marker.exists()
+
+
+def test_an_internal_error_keeps_its_traceback_in_the_run(tmp_path, monkeypatch, capsys):
+    from foundation.engine import loop
+
+    def broken(self, log):
+        raise KeyError("bug")
+
+    monkeypatch.setattr(loop.Trainer, "evaluate", broken)
+    path = write_config(tmp_path, tiny_config(tmp_path, train={"steps": 2}))
+    assert cli.train_main([str(path)]) == EXIT_CODES["internal"]
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("foundation train: internal error: KeyError")
+    assert str(tmp_path / "run" / "error.log") in err
+    assert 'raise KeyError("bug")' in (tmp_path / "run" / "error.log").read_text()
+    assert status(tmp_path / "run")["failure"] == "internal"
+    assert cli.train_main([str(path), "overwrite=true", "--debug"]) == EXIT_CODES["internal"]
+    assert "Traceback" in capsys.readouterr().err
