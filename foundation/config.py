@@ -50,13 +50,16 @@ def read_mapping(path: str | Path) -> DictConfig:
         raise ConfigError(f"config file not found: {path}")
     try:
         top = yaml.safe_load(path.read_text())
+        if top is not None and not isinstance(top, dict):
+            kind = {str: "a bare string", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
+                type(top), f"a {type(top).__name__}")
+            raise ConfigError(f"{path}: the file holds {kind} ({str(top)[:40]!r}); a config is a mapping of "
+                              "sections (backbone:, tasks:, train: ...)")
         data = OmegaConf.load(path)
+    except ConfigError:
+        raise
     except Exception as e:  # yaml syntax errors, undecodable bytes
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
-    if top is not None and not isinstance(top, dict):
-        kind = {str: "a bare string", list: "a list"}.get(type(top), f"a {type(top).__name__}")
-        raise ConfigError(f"{path}: the file holds {kind} ({str(top)[:40]!r}); a config is a mapping of "
-                          "sections (backbone:, tasks:, train: ...)")
     return data if isinstance(data, DictConfig) else OmegaConf.create({})
 
 

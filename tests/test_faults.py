@@ -69,7 +69,7 @@ with RunDir(sys.argv[1], Env(0, 1, 0, None, False)):
 """
 
 
-def test_a_second_run_into_a_held_directory_is_refused_and_a_killed_holder_frees_it(tmp_path):
+def test_a_second_run_into_a_held_directory_is_refused_and_a_killed_holder_frees_it(tmp_path, capsys):
     cfg = tiny_config(tmp_path, train={"steps": 2})
     run_dir = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], env=ENV, stdout=subprocess.PIPE, text=True)
@@ -78,17 +78,16 @@ def test_a_second_run_into_a_held_directory_is_refused_and_a_killed_holder_frees
         with pytest.raises(RunDirInUse, match=f"in use by another run \\(pid {holder.pid} on "):
             run(cfg)
         assert snapshot(run_dir) == {}  # the refused run wrote nothing
-        path = write_config(tmp_path, cfg)
-        proc = subprocess.run([sys.executable, "-m", "foundation.cli", "train", str(path)], env=ENV, cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
-        assert proc.returncode == EXIT_CODES["locked"] == 5
-        assert proc.stderr.strip().count("\n") == 0 and f"pid {holder.pid}" in proc.stderr
+        assert cli.train_main([str(write_config(tmp_path, cfg))]) == EXIT_CODES["locked"] == 5
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and f"pid {holder.pid}" in err
     finally:
         holder.send_signal(signal.SIGKILL)  # kill -9: the kernel drops the lock with the process
         holder.wait()
     assert run(cfg).status == "finished"
 
 
+@pytest.mark.slow  # two training processes (~20 s on 2 cores); the test above checks the lock itself
 def test_two_runs_started_at_once_never_mix(tmp_path):
     """Two `foundation train` processes, other seeds and lrs, one run directory: one trains,
     the other is refused in one line (in use, or already holding a run if it came late);
@@ -313,3 +312,189 @@ def test_an_internal_error_keeps_its_traceback_in_the_run(tmp_path, monkeypatch,
     assert status(tmp_path / "run")["failure"] == "internal"
     assert cli.train_main([str(path), "overwrite=true", "--debug"]) == EXIT_CODES["internal"]
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_data_error_mid_run_is_one_line_with_a_status(tmp_path, capsys):
+    """A truncated JPEG met while training the classifier: exit 3, the file named, status.json."""
+    from tasks.classification import demo
+
+    root = tmp_path / "images"
+    demo.write_dataset(root, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
+    bad = sorted((root / "train").rglob("*.JPEG"))[5]
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    cfg = tiny_config(tmp_path, backbone={"arch": "encoder", "dim": 32, "depth": 2, "heads": 2, "ffn_dim": 64},
+                      tasks=[{"name": "classification", "data_dir": str(root), "num_classes": 3, "img_size": 16,
+                              "patch_size": 4}], train={"steps": 4, "batch_size": 12})
+    path = write_config(tmp_path, cfg)
+    assert cli.train_main([str(path)]) == EXIT_CODES["data"]
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert str(bad) in err and "truncated" in err.lower() and "task 'classification' (train data)" in err
+    info = status(tmp_path / "run")
+    assert info["status"] == "failed" and info["failure"] == "data" and str(bad) in info["message"]
+
+
+# ---------------------------------------------------------------------------- 4. every image mode, every reader
+
+
+def _image(mode: str) -> tuple[Image.Image, tuple[int, int, int]]:
+    """A 4x4 image of ``mode`` and the RGB every pixel must read as."""
+    if mode == "I;16":  # 16-bit grey, as PNG stores it: 30000 of 65535 -> 117 of 255
+        return Image.fromarray(np.full((4, 4), 30000, np.uint16)), (117, 117, 117)
+    if mode == "1":
+        return Image.new("1", (4, 4), 1), (255, 255, 255)
+    if mode == "P":
+        im = Image.new("P", (4, 4), 1)
+        im.putpalette([0, 0, 0, 10, 20, 30] + [0] * 762)
+        return im, (10, 20, 30)
+    if mode == "P+transparency":  # palette index 1 transparent: over white
+        im, _ = _image("P")
+        im.info["transparency"] = 1
+        return im, (255, 255, 255)
+    if mode == "CMYK":
+        return Image.new("CMYK", (4, 4), (255, 0, 0, 0)), (0, 255, 255)  # full cyan
+    if mode == "LA":  # half-transparent grey 100 over white: 100 * a + 255 * (1 - a)
+        return Image.new("LA", (4, 4), (100, 128)), (178, 178, 178)
+    if mode == "RGBA":  # fully transparent: white, whatever colour the pixel holds
+        return Image.new("RGBA", (4, 4), (10, 20, 30, 0)), (255, 255, 255)
+    raise ValueError(mode)
+
+
+MODES = ["I;16", "1", "P", "P+transparency", "CMYK", "LA", "RGBA"]
+
+
+def _write(tmp_path: Path, mode: str) -> tuple[Path, tuple[int, int, int]]:
+    image, want = _image(mode)
+    path = tmp_path / ("img.tif" if mode == "CMYK" else "img.png")
+    image.save(path, **({"transparency": 1} if mode == "P+transparency" else {}))
+    return path, want
+
+
+def _read_classification(path):
+    from tasks.classification.data import load_image
+
+    return np.asarray(load_image(path))
+
+
+def _read_vl(path):
+    from tasks.vl_common.images import load_image
+
+    return np.asarray(load_image(path, "question 1 in q.json"))
+
+
+def _read_segmentation(path):
+    from tasks.segmentation.transforms import LoadCheckedImageFromFile
+
+    return LoadCheckedImageFromFile()({"img_path": str(path)})["img"][..., ::-1]  # mmseg's BGR -> RGB
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("read", [_read_classification, _read_vl, _read_segmentation],
+                         ids=["classification", "vl", "segmentation"])
+def test_every_image_mode_reads_as_its_colours(tmp_path, mode, read):
+    path, want = _write(tmp_path, mode)
+    rgb = read(path)
+    assert rgb.shape == (4, 4, 3) and rgb.dtype == np.uint8
+    assert np.abs(rgb.astype(int) - np.array(want)).max() <= 1, (mode, rgb[0, 0], want)
+
+
+def test_verify_converts_as_training_does_and_counts_the_modes(tmp_path, capsys):
+    from tasks.classification import data
+
+    for split in ("train", "val"):
+        (tmp_path / split / "cat").mkdir(parents=True)
+        Image.fromarray(np.full((8, 8), 30000, np.uint16)).save(tmp_path / split / "cat" / "grey16.png")
+        Image.new("RGB", (8, 8), (1, 2, 3)).save(tmp_path / split / "cat" / "rgb.png")
+    assert data.main(["verify", str(tmp_path)]) == 0
+    assert "4 images, 0 bad; converted to RGB from: I;16 2" in capsys.readouterr().out
+    assert np.asarray(data.load_image(tmp_path / "train" / "cat" / "grey16.png")).max() == 117  # not 255 (white)
+
+
+# ---------------------------------------------------------------------------- 6. bad segmentation files
+
+
+@pytest.fixture
+def ade(tmp_path) -> Path:
+    from tasks.segmentation import demo
+
+    root = tmp_path / "ade"
+    demo.write(root, seed=0, n_train=2, n_val=1, height=40, width=56)
+    return root
+
+
+def _seg_item(root: Path):
+    from tasks.segmentation.data import SegDataset, ade20k, train_pipeline
+
+    dataset = SegDataset(ade20k(root, "train", train_pipeline(32, 8), num_classes=8), "train")
+    return [dataset[i] for i in range(len(dataset))]
+
+
+@pytest.mark.parametrize("which", ["image", "annotation"])
+def test_a_truncated_segmentation_file_is_named(ade, which):
+    from tasks.segmentation.transforms import AnnotationError, ImageFileError
+
+    folder, pattern = {"image": ("images", "*.jpg"), "annotation": ("annotations", "*.png")}[which]
+    bad = sorted((ade / folder / "training").glob(pattern))[0]
+    bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+    with pytest.raises((ImageFileError, AnnotationError), match=f"{bad}: cannot read the .*truncated"):
+        _seg_item(ade)
+
+
+def test_an_absurdly_shaped_segmentation_image_is_named(ade):
+    from tasks.segmentation.data import SegDataError
+
+    image = sorted((ade / "images" / "training").glob("*.jpg"))[0]
+    Image.new("RGB", (7, 5000), (9, 9, 9)).save(image)
+    Image.new("L", (7, 5000), 1).save(ade / "annotations" / "training" / (image.stem + ".png"))
+    with pytest.raises(SegDataError, match=f"{image} \\(7x5000 pixels\\): the train pipeline failed"):
+        _seg_item(ade)
+
+
+# ---------------------------------------------------------------------------- 7. smaller cases
+
+
+def test_a_transcript_line_with_only_an_utterance_id_is_refused(tmp_path):
+    from tasks.asr.data import SpeechDataError, read_kaldi_dir, read_librispeech
+
+    chapter = tmp_path / "libri" / "19" / "198"
+    chapter.mkdir(parents=True)
+    (chapter / "19-198.trans.txt").write_text("19-198-0000 HELLO WORLD\n19-198-0001\n")
+    with pytest.raises(SpeechDataError, match=r"19-198.trans.txt, line 2: utterance 19-198-0001 has no transcript"):
+        read_librispeech(tmp_path / "libri")
+    kaldi = tmp_path / "kaldi"
+    kaldi.mkdir()
+    (kaldi / "wav.scp").write_text("a a.wav\nb b.wav\n")
+    (kaldi / "text").write_text("a HELLO\nb\n")
+    with pytest.raises(SpeechDataError, match="text: utterance b has no transcript"):
+        read_kaldi_dir(kaldi)
+
+
+@pytest.mark.parametrize("content, kind", [("hello\n", "a bare string"), ("- a\n- b\n", "a list"),
+                                           ("42\n", "a number")])
+def test_a_yaml_file_that_is_not_a_mapping_is_named(tmp_path, content, kind, capsys):
+    from foundation.engine.config import load_config
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=f"{path}: the file holds {kind}"):
+        load_config(path)
+    assert cli.train_main([str(path)]) == EXIT_CODES["config"]
+    assert "a config is a mapping of sections" in capsys.readouterr().err
+
+
+def test_a_compiled_mmcv_op_is_an_import_error_for_user_code():
+    """User code with a fallback for a missing compiled op takes it, while mmseg imports."""
+    from tasks.segmentation import mmseg_compat
+
+    mmseg_compat.import_mmseg()
+    import mmseg.models  # noqa: F401 - still imports on mmcv-lite
+
+    try:
+        from mmcv.ops import nms
+    except ImportError as e:
+        nms = None
+        assert "nms needs mmcv's compiled extension" in str(e)
+    assert nms is None
+    from mmcv.ops import point_sample  # pure PyTorch: mmcv's own
+
+    assert callable(point_sample)
