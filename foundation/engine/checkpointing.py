@@ -81,9 +81,10 @@ def _writing(path: Path, partial: Path | None = None) -> Iterator[None]:
     try:
         yield
     except (OSError, RuntimeError, SafetensorError) as e:
+        failure = write_failure(path, e)  # before the partial files go: it looks at the free space
         if partial is not None:
             shutil.rmtree(partial, ignore_errors=True)
-        raise write_failure(path, e) from e
+        raise failure from e
 
 
 def load_trusted_state(path: Path) -> dict[str, Any]:
