@@ -12,8 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
-import time
 from pathlib import Path
 
 import numpy as np

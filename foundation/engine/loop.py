@@ -51,10 +51,10 @@ from foundation.engine.config import TaskSpec, TrainConfig, resolve
 from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
 from foundation.engine.distributed import Env
 from foundation.engine.failure import DataError, one_line
-from foundation.engine.rundir import STATUS_FILE, RunDir, describe_changes, resume_changes, write_config
 from foundation.engine.logging import MetricsLog, Progress
 from foundation.engine.model import ModelConfig, MultiTaskModel, load_backbone
 from foundation.engine.optim import EMA, build_optimizer, build_scheduler
+from foundation.engine.rundir import STATUS_FILE, RunDir, describe_changes, resume_changes, write_config
 
 STATE_VERSION = 1
 
