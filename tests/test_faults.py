@@ -410,6 +410,25 @@ def test_every_image_mode_reads_as_its_colours(tmp_path, mode, read):
     assert np.abs(rgb.astype(int) - np.array(want)).max() <= 1, (mode, rgb[0, 0], want)
 
 
+@pytest.mark.parametrize("mode", ["I", "I;16B", "PA"])
+def test_modes_made_in_memory_convert_too(mode):
+    """Modes PIL produces from other files (32-bit integer TIFFs, big-endian 16-bit, palette
+    with alpha): the same rules."""
+    from tasks.vision_common.images import to_rgb
+
+    if mode == "PA":
+        image = Image.new("PA", (2, 2), (1, 0))
+        image.putpalette([0, 0, 0, 10, 20, 30] + [0] * 762)
+        want = 255  # transparent: white
+    else:
+        image = Image.fromarray(np.full((2, 2), 65535, np.int32), "I")
+        image = image if mode == "I" else image.convert("I;16B")
+        want = 255  # 16-bit full scale, not clipped from 65535 but scaled
+        quarter = to_rgb(Image.fromarray(np.full((2, 2), 16384, np.int32), "I"))
+        assert np.asarray(quarter).max() == 64
+    assert np.asarray(to_rgb(image)).min() == want
+
+
 def test_verify_converts_as_training_does_and_counts_the_modes(tmp_path, capsys):
     from tasks.classification import data
 
