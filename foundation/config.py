@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional, Type, TypeVar
 
-from omegaconf import OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from foundation.scaling import ARCHS, NORMS
@@ -40,15 +41,30 @@ def build(cls: Type[T], *sources: Any, where: str = "config") -> T:
         raise ConfigError(f"{where}: {e}") from None
 
 
-def load_yaml(cls: Type[T], path: str | Path, overrides: list[str] | None = None) -> T:
+def read_mapping(path: str | Path) -> DictConfig:
+    """A YAML file whose top level is a mapping (an empty file is an empty one);
+    ConfigError naming the file otherwise. (OmegaConf alone reads a file holding the bare
+    string ``hello`` as ``{hello: None}``, which then fails as an unknown field.)"""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
+        top = yaml.safe_load(path.read_text())
+        if top is not None and not isinstance(top, dict):
+            kind = {str: "a bare string", list: "a list", bool: "a boolean", int: "a number", float: "a number"}.get(
+                type(top), f"a {type(top).__name__}")
+            raise ConfigError(f"{path}: the file holds {kind} ({str(top)[:40]!r}); a config is a mapping of "
+                              "sections (backbone:, tasks:, train: ...)")
         data = OmegaConf.load(path)
-    except Exception as e:  # yaml syntax errors
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    return build(cls, data, overrides or [], where=str(path))
+    except ConfigError:
+        raise
+    except Exception as e:  # yaml syntax errors, undecodable bytes
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    return data if isinstance(data, DictConfig) else OmegaConf.create({})
+
+
+def load_yaml(cls: Type[T], path: str | Path, overrides: list[str] | None = None) -> T:
+    return build(cls, read_mapping(path), overrides or [], where=str(path))
 
 
 def to_dict(cfg: Any) -> dict:

@@ -48,18 +48,24 @@ def ade_tree(tmp_path_factory) -> Path:
 # --------------------------------------------------------------------------- mmcv-lite
 
 
-def test_stand_in_serves_pure_pytorch_ops_and_refuses_compiled_ones_on_use():
+def test_stand_in_serves_pure_pytorch_ops_and_refuses_compiled_ones():
     import mmcv.ops
-    from mmcv.ops import point_sample, sigmoid_focal_loss
+    from mmcv.ops import point_sample
+    from mmseg.models.losses import focal_loss
 
     assert mmseg_compat.ops_are_stand_in()  # this environment has mmcv-lite
     feats = torch.arange(16.0).view(1, 1, 4, 4)
     # point_sample is mmcv's own pure-PyTorch code: the centre of pixel (1, 2) is (2.5/4, 1.5/4)
     out = point_sample(feats, torch.tensor([[[2.5 / 4, 1.5 / 4]]]), align_corners=False)
     assert out.item() == pytest.approx(6.0)
+    # a compiled op is missing for everyone but mmseg's own modules: an ImportError at import
+    with pytest.raises(ImportError, match="sigmoid_focal_loss needs mmcv's compiled extension"):
+        from mmcv.ops import sigmoid_focal_loss  # noqa: F401
+    # mmseg's focal_loss.py imports it unconditionally: a placeholder that refuses on use
+    placeholder = focal_loss._sigmoid_focal_loss
     with pytest.raises(mmseg_compat.MissingCompiledOp, match="sigmoid_focal_loss needs mmcv's compiled extension"):
-        sigmoid_focal_loss(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
-    assert isinstance(torch.nn.Linear(1, 1), sigmoid_focal_loss) is False  # still usable in isinstance
+        placeholder(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long))
+    assert isinstance(torch.nn.Linear(1, 1), placeholder) is False  # still usable in isinstance
     with pytest.raises(AttributeError):
         mmcv.ops.__wrapped__  # dunders are AttributeErrors, as the import machinery expects
     with pytest.raises(ImportError):

@@ -241,5 +241,7 @@ def test_repo_configs_validate(name, ade_tree):
     if name.startswith("ade20k"):
         assert (seg.img_size, seg.patch_size, seg.num_classes, seg.test_stride) == (640, 16, 150, 426)
         assert cfg.backbone.rel_pos_grid == [40, 40] and cfg.schedule.name == "poly"
-    cfg, _ = load_config(path, [f"tasks.segmentation.data_root={ade_tree}", "init_from=" + str(path)])
-    assert cfg.tasks[0]["pretrained"] == str(path)  # pretrained: ${init_from}
+    weights = ade_tree.parent / "weights.safetensors"  # any readable file: init_from is read when training
+    save_file({"w": torch.zeros(1)}, str(weights))
+    cfg, _ = load_config(path, [f"tasks.segmentation.data_root={ade_tree}", f"init_from={weights}"])
+    assert cfg.tasks[0]["pretrained"] == str(weights)  # pretrained: ${init_from}

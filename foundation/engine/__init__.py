@@ -6,7 +6,9 @@
     foundation compare CONFIG | depth           compare.main: norms x seeds x lrs / depths, one report
 
 Tasks plug in through the contract in ``task.py``; configs are the dataclasses in
-``config.py``.
+``config.py``. ``rundir.py`` owns a run directory (its lock, the config comparison on
+resume, the record of a failure); ``failure.py`` names the failure classes, their exit
+codes and their one-line messages.
 """
 from foundation.engine.task import Task, get_task, register_task
 

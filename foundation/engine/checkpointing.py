@@ -2,8 +2,10 @@
 
 Layout of a run directory::
 
-    config.yaml                    the resolved config
+    .lock                          held by the process that owns the run (rundir.py)
+    config.yaml                    the resolved config (+ the changes accepted on resume)
     metrics.jsonl, tb/             logs
+    status.json, error.log         how the last invocation ended (and its traceback if it failed)
     ckpt/step_000100/
         model.safetensors          weights + model config (foundation.checkpoint.save)
         state.pt                   optimizer, scheduler, scaler, EMA, data position, RNG,
@@ -19,27 +21,33 @@ rename, and only then are checkpoints beyond the newest ``keep`` removed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from foundation.checkpoint import atomic_write, fsync_path
+from safetensors import SafetensorError
+
+from foundation.checkpoint import CheckpointError, atomic_write, fsync_path
 from foundation.engine import distributed
 from foundation.engine.distributed import Env
+from foundation.engine.failure import one_line, write_failure
 
 STEP_DIR = re.compile(r"^step_(\d+)$")
 MODEL_FILE, STATE_FILE = "model.safetensors", "state.pt"
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+    with _writing(path):
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def rng_state() -> dict[str, Any]:
@@ -64,6 +72,41 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def _writing(path: Path, partial: Path | None = None) -> Iterator[None]:
+    """A failed write raised as ``DiskFull`` / ``WriteFailed`` naming ``path``; the partial
+    checkpoint ``partial`` is removed, giving its space back."""
+    try:
+        yield
+    except (OSError, RuntimeError, SafetensorError) as e:
+        failure = write_failure(path, e)  # before the partial files go: it looks at the free space
+        if partial is not None:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise failure from e
+
+
+def load_trusted_state(path: Path) -> dict[str, Any]:
+    """A training state written by the engine (``torch.load`` with ``weights_only=True``:
+    tensors and plain values only, never code). ``CheckpointError`` naming the file when
+    it is unreadable (truncated) or holds anything else, such as pickled objects."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        # torch's own text advises weights_only=False, i.e. running the file's code: not repeated
+        found = re.search(r"unsupported (?:global: )?GLOBAL [\w.]+|unsupported operand \d+", str(e), re.IGNORECASE)
+        raise CheckpointError(
+            f"{path}: refused: the file holds Python objects that are not tensors or plain values "
+            f"({found.group(0) if found else 'an object torch refuses to load safely'}); foundation never writes "
+            "such a file (it was altered, or comes from elsewhere) and loading it could run code. Resume from an "
+            "earlier checkpoint (remove this step's folder) or start the run again") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: unreadable training state, truncated or not written by foundation train "
+                              f"({one_line(e)}); resume from an earlier checkpoint (remove this step's folder)") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not a training state (a {type(state).__name__}, expected a dict)")
+    return state
 
 
 def step_of(path: Path) -> int:
@@ -108,16 +151,20 @@ class Checkpointer:
         final, tmp = self.ckpt_dir / name, self.ckpt_dir / f".tmp-{name}"
         if self.env.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
+            with _writing(tmp):
+                tmp.mkdir(parents=True)
         distributed.barrier()
         if self.env.is_main:
-            write_model(tmp / MODEL_FILE)
-            torch.save(state, tmp / STATE_FILE)
-            fsync_path(tmp / STATE_FILE)
+            with _writing(tmp / MODEL_FILE, tmp):
+                write_model(tmp / MODEL_FILE)
+            with _writing(tmp / STATE_FILE, tmp):
+                torch.save(state, tmp / STATE_FILE)
+                fsync_path(tmp / STATE_FILE)
         else:
             path = tmp / f"rng_rank{self.env.rank}.pt"
-            torch.save(rng_state(), path)
-            fsync_path(path)
+            with _writing(path):
+                torch.save(rng_state(), path)
+                fsync_path(path)
         distributed.barrier()
         if self.env.is_main:
             fsync_path(tmp)
@@ -140,15 +187,16 @@ class Checkpointer:
                 shutil.rmtree(trash, ignore_errors=True)
 
     def load_state(self, path: Path) -> dict[str, Any]:
-        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+        state = load_trusted_state(path / STATE_FILE)
         if self.env.rank > 0:
             own = path / f"rng_rank{self.env.rank}.pt"
-            state["rng"] = torch.load(own, map_location="cpu", weights_only=True) if own.is_file() else None
+            state["rng"] = load_trusted_state(own) if own.is_file() else None
         return state
 
     def save_best(self, write_model: Callable[[Path], None], info: dict[str, Any]) -> None:
         """Rank 0: best/model.safetensors, then best/metrics.json naming its step."""
         best = self.run_dir / "best"
-        best.mkdir(parents=True, exist_ok=True)
-        write_model(best / MODEL_FILE)
+        with _writing(best / MODEL_FILE):
+            best.mkdir(parents=True, exist_ok=True)
+            write_model(best / MODEL_FILE)
         write_text_atomic(best / "metrics.json", json.dumps(info, indent=2) + "\n")

@@ -63,7 +63,7 @@ DEPTH_NORMS = ("postln", "preln", "deepnorm", "magneto")
 DEPTH_DEPTHS = (6, 18, 50, 100)
 NORM_COLORS = {"postln": "tab:red", "preln": "tab:blue", "deepnorm": "tab:green", "magneto": "tab:purple"}
 SPIKE_WINDOW = 5  # logged steps averaged before comparing with explode_factor x the first loss
-STATUS_FILE = "status.json"  # written by foundation.engine.loop when a run returns
+STATUS_FILE = "status.json"  # written by foundation.engine.loop when a run returns or fails
 DONE = ("finished", "diverged")  # engine statuses that need no further training
 REPORT_LOCK = threading.Lock()
 
@@ -232,6 +232,8 @@ def judge(spec: RunSpec, run_dir: Path, rules: Rules = Rules(), failure: str = "
         what = (event or {}).get("what", "loss or gradients")
         out.reason = f"engine: non-finite {what}, {status['message'] if status else event.get('message', '')}".strip()
         return out
+    if engine == "failed" and not failure:  # status.json holds the engine's one-line reason
+        failure = f"engine: {status.get('message', 'failed')}"
     if engine not in ("finished",):
         out.verdict = "failed" if failure else "incomplete"
         out.reason = failure or (f"engine status {engine!r}" if engine else "no status.json: not run to the end")

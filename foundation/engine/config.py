@@ -15,6 +15,7 @@ deletes a key or a task entry (Hydra's syntax: ``~tasks.speech`` trains without 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
@@ -22,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from foundation.config import BackboneConfig, ConfigError, build, to_dict
+from foundation.config import BackboneConfig, ConfigError, build, read_mapping, to_dict
 from foundation.engine.task import Task, get_task, known_tasks
 
 SCHEDULES = ("cosine", "linear", "poly", "constant")
@@ -51,8 +52,11 @@ class OptimConfig:
     no_weight_decay: List[str] = field(default_factory=list)  # extra fnmatch name patterns
 
     def __post_init__(self) -> None:
-        _check(self.lr > 0, "optim.lr", self.lr, "must be > 0")
-        _check(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        # inf passes a "> 0" test and turns the weights into NaN at the first step
+        _check(math.isfinite(self.lr) and self.lr > 0, "optim.lr", self.lr, "must be a finite number > 0")
+        _check(math.isfinite(self.weight_decay) and self.weight_decay >= 0, "optim.weight_decay", self.weight_decay,
+               "must be a finite number >= 0")
+        _check(math.isfinite(self.eps) and self.eps > 0, "optim.eps", self.eps, "must be a finite number > 0")
         _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", self.betas,
                "must be two numbers in [0, 1)")
         _check(self.layer_decay is None or 0 < self.layer_decay <= 1, "optim.layer_decay", self.layer_decay,
@@ -72,7 +76,9 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         _check(self.name in SCHEDULES, "schedule.name", self.name, f"must be one of {', '.join(SCHEDULES)}")
         _check(self.warmup_steps >= 0, "schedule.warmup_steps", self.warmup_steps, "must be >= 0")
-        _check(self.min_lr >= 0, "schedule.min_lr", self.min_lr, "must be >= 0")
+        _check(math.isfinite(self.min_lr) and self.min_lr >= 0, "schedule.min_lr", self.min_lr,
+               "must be a finite number >= 0")
+        _check(math.isfinite(self.power) and self.power > 0, "schedule.power", self.power, "must be a finite number > 0")
 
 
 @dataclass
@@ -157,6 +163,9 @@ class TrainConfig:
     log: LogConfig = field(default_factory=LogConfig)
     resume: bool = False  # continue the run in <output_dir>/<run_name> from its last checkpoint
     overwrite: bool = False  # replace an existing run directory instead of refusing
+    # fields a resume may change (--allow-change optim.lr), e.g. ["optim.lr", "train.steps"]; any
+    # other difference from the run's config.yaml is refused
+    allow_change: List[str] = field(default_factory=list)
     checkpoint: Optional[str] = None  # `foundation eval`: a run dir, checkpoint dir or .safetensors
 
     def __post_init__(self) -> None:
@@ -219,7 +228,8 @@ def task_specs(entries: Sequence[Mapping[str, Any]], where: str = "config") -> l
         config = build(cls.Config, fields, where=f"{here} ({engine.name})")
         spec = TaskSpec(engine.id or engine.name, engine.name, engine.weight, engine.batch_size, cls, config)
         try:
-            _check(engine.weight > 0, "weight", engine.weight, "must be > 0")
+            _check(math.isfinite(engine.weight) and engine.weight > 0, "weight", engine.weight,
+                   "must be a finite number > 0")
             _check(engine.batch_size is None or engine.batch_size >= 1, "batch_size", engine.batch_size, "must be >= 1")
             _check(spec.id.isidentifier(), "id", spec.id, "must be a name (letters, digits, _)")
             _check(spec.id not in [s.id for s in specs], "id", spec.id, "two tasks have this id; give one another")
@@ -311,12 +321,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), *, check_data: 
     ``path`` is a file, or the name of a shipped config (see ``find_config``).
     """
     path = find_config(path)
-    try:
-        raw = OmegaConf.load(path)
-    except Exception as e:  # yaml syntax errors
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
-    if not isinstance(raw, DictConfig):
-        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    raw = read_mapping(path)
     for item in overrides:
         apply_override(raw, item)
     return resolve(raw, where=str(path), default_name=path.stem, check_data=check_data)

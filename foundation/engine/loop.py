@@ -16,8 +16,16 @@ result (the depth comparisons record it), not a crash.
 
 Every run that returns (finished, stopped, diverged, interrupted) leaves ``status.json``
 in its run directory: ``{"status", "step", "steps", "message", "metrics", ...}``, the
-machine-readable outcome that ``foundation compare`` reads. A run that is still going or
-that crashed has none (a stale one is removed when the run starts).
+machine-readable outcome that ``foundation compare`` reads; a run that fails leaves
+``"status": "failed"`` with the one-line reason (``failure.py``) and the traceback in
+``error.log``. A run that is still going, or was killed, has none (a stale one is removed
+when the run starts).
+
+The run directory belongs to one process at a time (``rundir.RunDir``, a lock). A
+resume reads before it writes: the config is compared with the run's (``rundir``), the
+weights and training state are loaded, and only then are config.yaml and the logs
+touched, so a refused resume changes nothing. Weights that are not finite are never
+written, as best/ or as a checkpoint: the run ends "diverged" instead.
 """
 from __future__ import annotations
 
@@ -35,18 +43,20 @@ import numpy as np
 import torch
 
 from foundation import checkpoint
-from foundation.config import ConfigError, save_yaml
+from foundation.checkpoint import CheckpointError
+from foundation.config import ConfigError
 from foundation.engine import distributed
 from foundation.engine.checkpointing import MODEL_FILE, Checkpointer, rng_state, set_rng_state, write_text_atomic
 from foundation.engine.config import TaskSpec, TrainConfig, resolve
 from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
 from foundation.engine.distributed import Env
+from foundation.engine.failure import DataError, one_line
 from foundation.engine.logging import MetricsLog, Progress
 from foundation.engine.model import ModelConfig, MultiTaskModel, load_backbone
 from foundation.engine.optim import EMA, build_optimizer, build_scheduler
+from foundation.engine.rundir import STATUS_FILE, RunDir, describe_changes, resume_changes, write_config
 
 STATE_VERSION = 1
-STATUS_FILE = "status.json"  # the outcome of the last invocation, written when it returns
 
 
 @dataclass
@@ -109,8 +119,9 @@ def evaluate(model: MultiTaskModel, specs: list[TaskSpec], cfg: TrainConfig, env
                 if len(dataset) < env.world:
                     raise ConfigError(f"task {spec.id!r}: the eval set has {len(dataset)} samples, fewer than {env.world} processes")
                 totals: dict[str, torch.Tensor] = {}
-                for batch in eval_batches(dataset, task.collate, spec.batch_size or batch_size, env.rank, env.world,
-                                          cfg.eval.max_batches):
+                batches = eval_batches(dataset, task.collate, spec.batch_size or batch_size, env.rank, env.world,
+                                       cfg.eval.max_batches)
+                for batch in loading(batches, spec.id, "eval"):
                     with autocast(cfg, env.device):
                         sums = task.eval_step(head, model.backbone, to_device(batch, env.device))
                     for k, v in sums.items():
@@ -125,14 +136,50 @@ def evaluate(model: MultiTaskModel, specs: list[TaskSpec], cfg: TrainConfig, env
     return out
 
 
-class Trainer:
-    """One run: ``Trainer(cfg, specs, env).run() -> RunResult``."""
+def next_batch(it, task_id: str, split: str) -> Any:
+    """``next(it)``, with an error raised while loading the batch (a bad file) as a
+    ``DataError`` naming the task: the readers' own messages name the file."""
+    try:
+        return next(it)
+    except (StopIteration, KeyboardInterrupt, DataError):
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the reader raised, said in one line
+        raise DataError(f"task {task_id!r} ({split} data): {one_line(e)}") from e
 
-    def __init__(self, cfg: TrainConfig, specs: list[TaskSpec], env: Env):
+
+def loading(batches, task_id: str, split: str):
+    """``batches`` through ``next_batch``."""
+    it = iter(batches)
+    while True:
+        try:
+            batch = next_batch(it, task_id, split)
+        except StopIteration:
+            return
+        yield batch
+
+
+def nonfinite_tensors(model: torch.nn.Module, env: Env) -> list[str]:
+    """Names of the floating-point tensors of ``model`` holding NaN or inf (this rank's
+    shards under FSDP); every rank learns whether any rank found one."""
+    bad = []
+    for name, t in model.state_dict().items():
+        t = t.to_local() if hasattr(t, "to_local") else t
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad.append(name)
+    count = distributed.all_reduce(torch.tensor([len(bad)], device=env.device))
+    return bad or (["(on another rank)"] if int(count.item()) else [])
+
+
+class Trainer:
+    """One run: ``Trainer(cfg, specs, env, run_dir).run() -> RunResult``; ``run_dir`` is
+    the locked ``RunDir`` (``train()`` takes it)."""
+
+    def __init__(self, cfg: TrainConfig, specs: list[TaskSpec], env: Env, run_dir: RunDir):
         self.cfg, self.specs, self.env = cfg, specs, env
-        self.run_dir = cfg.run_dir
+        self.run_dir, self.dir = cfg.run_dir, run_dir
         self.ckpt = Checkpointer(self.run_dir, cfg.save.keep, env)
         resume_from = self._prepare_run_dir()
+        self.changes = resume_changes(self.run_dir, cfg) if resume_from is not None else []
 
         seed_all(cfg.seed)  # the same initial weights on every rank
         self.model = build_model(cfg, specs, log=self.say)
@@ -165,7 +212,9 @@ class Trainer:
         seed_all(cfg.seed + 7919 * (env.rank + 1))  # dropout etc. differ between ranks
         if resume_from is not None:
             self._load_state(resume_from)
-            self.say(f"resumed from {resume_from} at step {self.step}")
+            self.say(f"resumed from {resume_from} at step {self.step}"
+                     + (f" with {describe_changes(self.changes)} (--allow-change)" if self.changes else ""))
+            self._commit(self.changes, resumed=True)  # everything loaded: only now is the run directory written
         self.resumed_at = self.step if resume_from is not None else None
 
     # ------------------------------------------------------------------ setup
@@ -175,15 +224,17 @@ class Trainer:
             print(message, flush=True)
 
     def _prepare_run_dir(self) -> Path | None:
-        """Refuse to overwrite a run by accident; returns the checkpoint to resume from."""
+        """Refuse to overwrite a run by accident; returns the checkpoint to resume from.
+        A new run's directory is written now; a resumed one only once its state has loaded."""
         cfg, latest = self.cfg, self.ckpt.latest()
         if cfg.resume:
-            if latest is None:
-                self.say(f"resume=true: no checkpoint in {self.run_dir}/ckpt yet, starting from scratch")
-                if self.env.is_main:  # logs of an attempt that never reached a checkpoint
-                    for stale in ("metrics.jsonl", "tb", "best"):
-                        path = self.run_dir / stale
-                        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            if latest is not None:
+                return latest
+            self.say(f"resume=true: no checkpoint in {self.run_dir}/ckpt yet, starting from scratch")
+            if self.env.is_main:  # logs of an attempt that never reached a checkpoint
+                for stale in ("metrics.jsonl", "tb", "best"):
+                    path = self.run_dir / stale
+                    shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
         elif latest is not None or (self.run_dir / "metrics.jsonl").exists():
             if not cfg.overwrite:
                 raise ConfigError(
@@ -192,15 +243,20 @@ class Trainer:
                 )
             distributed.barrier()
             if self.env.is_main:
-                shutil.rmtree(self.run_dir)
-            latest = None
+                self.dir.clear()
+        self._commit()
+        return None
+
+    def _commit(self, changes=(), resumed: bool = False) -> None:
+        """Make the run directory this invocation's: config.yaml (with the accepted changes
+        in its history), and the debris of an interrupted save removed."""
         distributed.barrier()
         if self.env.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_yaml(cfg, self.run_dir / "config.yaml")
+            write_config(self.run_dir, self.cfg, changes, getattr(self, "step", 0), resumed)
             self.ckpt.clean()
+        self.dir.committed = True
         distributed.barrier()
-        return latest if cfg.resume else None
 
     def _best_metric(self) -> tuple[str, bool]:
         spec = self.specs[0]
@@ -231,14 +287,22 @@ class Trainer:
     def _load_state(self, path: Path) -> None:
         state = self.ckpt.load_state(path)
         self.step, self.samples = int(state["step"]), int(state["samples"])
-        if distributed.is_fsdp(self.model):  # keyed by parameter name, whole tensors
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        # this config's hyperparameters, which loading the saved state replaces
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        try:
+            if distributed.is_fsdp(self.model):  # keyed by parameter name, whole tensors
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
-                                     options=StateDictOptions(full_state_dict=True))
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
+                set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"],
+                                         options=StateDictOptions(full_state_dict=True))
+            else:
+                self.optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise CheckpointError(f"{path / 'state.pt'}: the optimizer state does not fit this model and config "
+                                  f"({one_line(e)})") from None
         self.scheduler.load_state_dict(state["scheduler"])
+        if any(k.startswith(("optim.", "schedule.", "train.steps")) for k, _, _ in self.changes):
+            self._use_new_hyperparameters(fresh)
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state["ema"] is not None:
@@ -252,6 +316,20 @@ class Trainer:
             self.best_value, self.best_step = state["best"]["value"], state["best"]["step"]
         if state["rng"] is not None and state["world"] == self.env.world:
             set_rng_state(state["rng"])
+
+    def _use_new_hyperparameters(self, fresh: list[dict]) -> None:
+        """After an allowed change of optim.* / schedule.* / train.steps on resume: each
+        group's lr, weight decay, betas and eps from this config (the saved optimizer state
+        brought the old ones), the schedule's base lrs with them, and the lr of the next
+        step set from the (new) schedule at the resumed step."""
+        sched = self.scheduler
+        for i, (group, new) in enumerate(zip(self.optimizer.param_groups, fresh)):
+            for key in ("weight_decay", "betas", "eps", "initial_lr"):
+                if key in new:
+                    group[key] = new[key]
+            sched.base_lrs[i] = new["initial_lr"]
+            group["lr"] = new["initial_lr"] * sched.lr_lambdas[i](sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]
 
     def _model_writer(self) -> Callable[[Path], None]:
         """``write(path)`` of the weights for rank 0. Under FSDP the whole state dict is
@@ -296,7 +374,7 @@ class Trainer:
         start = time.perf_counter()
         for _ in range(accum):
             for i, (tid, weight) in enumerate(plan):
-                batch = to_device(next(self.streams[tid]), env.device)
+                batch = to_device(next_batch(self.streams[tid], tid, "train"), env.device)
                 backward += 1
                 with distributed.grad_sync(self.wrapped, backward == total):  # forward and backward
                     with autocast(cfg, env.device):
@@ -357,7 +435,10 @@ class Trainer:
                 raise ConfigError(f"field 'eval.best': no metric {self.best_key!r}; the tasks report "
                                   f"{', '.join(self.metrics)}")
             better = self.best_value is None or (value > self.best_value if self.best_higher else value < self.best_value)
-            if better and math.isfinite(value):
+            if better and math.isfinite(value) and nonfinite_tensors(self.model, self.env):
+                self.progress.write(f"step {self.step}: {self.best_key} {value:.4f} not kept as best: the "
+                                    f"{'EMA ' if use_ema else ''}weights are not finite")
+            elif better and math.isfinite(value):
                 self.best_value, self.best_step = value, self.step
                 info = {"step": self.step, "metric": self.best_key, "value": value, "metrics": self.metrics,
                         "ema": use_ema}
@@ -403,6 +484,8 @@ class Trainer:
                                  desc=cfg.run_name, every=cfg.log.every, main=self.env.is_main)
         if self.resumed_at is not None:
             log.event(self.step, "resume")
+            for key, before, now in self.changes:  # allowed with --allow-change: on the record
+                log.event(self.step, "config_change", field=key, old=before, new=now)
         self.model.train()
         saved_at = evaluated_at = None
         try:
@@ -417,13 +500,19 @@ class Trainer:
                 if self.step % cfg.log.every == 0 or record.get("skipped"):
                     log.log(self.step, {**record, "samples": self.samples})
                 self.progress.update(self.step, record["loss"], record["lr"], record["samples_per_s"])
-                if cfg.eval.every and self.step % cfg.eval.every == 0:
+                due_eval = cfg.eval.every and self.step % cfg.eval.every == 0
+                due_save = cfg.save.every and self.step % cfg.save.every == 0 and not self.nonfinite_in_a_row
+                if (due_eval or due_save) and (stop := self._nonfinite_weights(log)) is not None:
+                    return stop
+                if due_eval:
                     self.evaluate(log)
                     evaluated_at = self.step
-                if cfg.save.every and self.step % cfg.save.every == 0 and not self.nonfinite_in_a_row:
+                if due_save:
                     self.save()  # (not in a run of skipped steps: checkpoints are "last good" ones)
                     saved_at = self.step
             finished = self.step >= cfg.train.steps
+            if (stop := self._nonfinite_weights(log)) is not None:  # never the last checkpoint
+                return stop
             if finished and evaluated_at != self.step:
                 self.evaluate(log)
             if saved_at != self.step:
@@ -443,6 +532,21 @@ class Trainer:
     def _result(self, status: str, message: str = "") -> RunResult:
         return RunResult(status, self.step, self.run_dir, self.metrics, message, self.ckpt.latest(),
                          self.nonfinite_total, self.best_key, self.best_value, self.best_step)
+
+    def _nonfinite_weights(self, log: MetricsLog) -> RunResult | None:
+        """A "diverged" result when the weights hold NaN or inf (an optimizer step made
+        them so, e.g. with a huge lr): they are not evaluated as best nor saved."""
+        bad = nonfinite_tensors(self.model, self.env)
+        if not bad:
+            return None
+        last = self.ckpt.latest()
+        message = (f"training stopped at step {self.step}: the weights are not finite ({len(bad)} tensor(s) hold "
+                   f"NaN or inf, e.g. {bad[0]}; optim.lr={self.cfg.optim.lr:g}); they were not saved; last good "
+                   f"checkpoint: {last if last is not None else 'none (no checkpoint written yet)'}")
+        self.progress.write(message)
+        log.event(self.step, "diverged", task=None, what="weights", message=message,
+                  last_checkpoint=str(last) if last else None)
+        return self._result("diverged", message)
 
     def _nonfinite(self, record: dict[str, Any], log: MetricsLog) -> RunResult | None:
         self.nonfinite_in_a_row += 1
@@ -469,11 +573,20 @@ class Trainer:
 
 
 def train(cfg: TrainConfig, specs: list[TaskSpec] | None = None) -> RunResult:
-    """Run (or resume) the training that ``cfg`` describes, in this process group."""
+    """Run (or resume) the training that ``cfg`` describes, in this process group. The run
+    directory is locked throughout; a failure once it is this run's is recorded there
+    (status.json "failed", error.log) and raised again."""
     if specs is None:
         cfg, specs = resolve(cfg)
     env = distributed.setup(cfg.device)
     try:
-        return Trainer(cfg, specs, env).run()
+        with RunDir(cfg.run_dir, env) as run_dir:
+            trainer = None
+            try:
+                trainer = Trainer(cfg, specs, env, run_dir)
+                return trainer.run()
+            except Exception as e:
+                run_dir.record_failure(e, trainer.step if trainer is not None else None, cfg.train.steps)
+                raise
     finally:
         distributed.teardown(env)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
 
+import torch
 from torch import nn
 
 from foundation import checkpoint
@@ -77,7 +78,16 @@ def _saved_backbone(path: str | Path) -> BackboneConfig | None:
 def check_init_from(ours: BackboneConfig, path: str | Path) -> None:
     """ConfigError, naming the overrides that fix it, when the backbone stored in ``path``
     differs from ``ours`` in what its weights mean (width, depth, heads, the rule, ...);
-    nothing for a file without a stored config. Runs when the config is resolved."""
+    nothing for a file without a stored config. Runs when the config is resolved; a file
+    that is not whole safetensors (truncated, another format) is refused here too."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            f.keys()
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"field 'init_from': {path} is not a readable safetensors file ({e}); "
+                          "truncated, or another format") from None
     saved = _saved_backbone(path)
     if saved is None:
         return
@@ -101,7 +111,12 @@ def load_backbone(model: MultiTaskModel, path: str | Path, expert: str | None = 
     What was loaded, missing and left unused is logged."""
     from safetensors.torch import load_file
 
-    state = load_file(str(path))
+    from safetensors import SafetensorError
+
+    try:
+        state = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise ConfigError(f"field 'init_from': {path} is not a readable safetensors file ({e})") from None
     if any(k.startswith("backbone.") for k in state):
         state = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
     ours = model.backbone.config
@@ -125,6 +140,10 @@ def load_backbone(model: MultiTaskModel, path: str | Path, expert: str | None = 
         notes.append(f"the {expert!r} expert into the plain layers")
     if adapted.copied_shared:
         notes.append(f"every expert ({', '.join(ours.experts)}) from the shared layers")
+    nonfinite = [k for k, v in adapted.state.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if nonfinite:  # they would turn every weight non-finite at the first step
+        raise ConfigError(f"field 'init_from': {path}: {len(nonfinite)} tensor(s) hold NaN or inf "
+                          f"({', '.join(nonfinite[:5])}); these weights cannot be trained from")
     shapes = [k for k, v in adapted.state.items() if v.shape != own[k].shape]
     if shapes:
         raise ConfigError(f"field 'init_from': {path}: shapes differ from the configured backbone for "

@@ -60,6 +60,9 @@ def read_librispeech(split_dir: str | Path) -> list[Utterance]:
             if not line.strip():
                 continue
             utt, _, text = line.strip().partition(" ")
+            if not text.strip():  # it would train towards an empty target
+                raise SpeechDataError(f"{trans}, line {n}: utterance {utt} has no transcript (expected "
+                                      f"'{utt} WORDS ...')")
             out.append(Utterance(utt, str(trans.parent / f"{utt}.flac"), text.strip(), trans.parent.parent.name))
     if not out:
         raise SpeechDataError(f"{root}: no <speaker>/<chapter>/*.trans.txt files (is this a LibriSpeech split?)")
@@ -81,6 +84,10 @@ def read_kaldi_dir(data_dir: str | Path) -> list[Utterance]:
     if no_audio:
         raise SpeechDataError(f"{root}: utterance {no_audio[0]} has a transcript in text but no entry in wav.scp"
                               + (f" ({len(no_audio) - 1} more)" if len(no_audio) > 1 else ""))
+    empty = [u for u, text in texts.items() if not text.strip()]
+    if empty:  # an id alone on its line would train towards an empty target
+        raise SpeechDataError(f"{root}/text: utterance {empty[0]} has no transcript (expected '{empty[0]} WORDS ...')"
+                              + (f" ({len(empty) - 1} more)" if len(empty) > 1 else ""))
     out = [Utterance(utt, wav_path(root, utt, wavs[utt]), text.strip(), spk.get(utt, "")) for utt, text in texts.items()]
     if not out:
         raise SpeechDataError(f"{root}/text is empty")

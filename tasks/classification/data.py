@@ -15,12 +15,15 @@ Augmentation is per item and reproducible: every ``__getitem__`` runs the transf
 Python's, NumPy's and torch's RNGs seeded from (a base seed, the index), where the base
 comes from the DataLoader worker's seed, or, without workers, from one draw of torch's
 RNG, which the engine saves and restores on resume. ``python -m tasks.classification.data
-verify ROOT`` opens every image once and lists the bad ones.
+verify ROOT`` opens and converts every image once, lists the bad ones and counts the
+images that were not RGB (16-bit, palette, CMYK, with alpha ...: see
+``tasks.vision_common.images``).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+from collections import Counter
 import random
 import sys
 from dataclasses import dataclass, field
@@ -29,13 +32,14 @@ from typing import Callable, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 from timm.data import auto_augment
 from timm.data import create_transform
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
 from foundation.config import ConfigError
+from tasks.vision_common.images import open_rgb
 
 # what timm and torchvision read; ImageNet's own files are .JPEG
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -92,17 +96,12 @@ def scan_split(root: str | Path, split: str, classes: Sequence[str]) -> list[tup
     return samples
 
 
-def load_image(path: str | Path, min_size: int = 1) -> Image.Image:
-    """The RGB image at ``path``; ``ImageDataError`` naming the file if it cannot be read
-    (missing, unreadable, not an image, truncated) or is smaller than ``min_size``."""
-    try:
-        with Image.open(path) as im:
-            im.load()  # decode now: a truncated file fails here, with its name
-            image = im.convert("RGB")
-    except UnidentifiedImageError:
-        raise ImageDataError(f"{path}: not an image file (or a format PIL cannot read)") from None
-    except (OSError, ValueError, SyntaxError) as e:
-        raise ImageDataError(f"{path}: cannot read the image ({e})") from None
+def load_image(path: str | Path, min_size: int = 1, modes: Counter | None = None) -> Image.Image:
+    """The RGB image at ``path`` (any PIL mode converted as ``vision_common.images.to_rgb``
+    says: 16-bit scaled down, alpha over white); ``ImageDataError`` naming the file if it
+    cannot be read (missing, unreadable, not an image, truncated) or is smaller than
+    ``min_size``. ``modes`` counts the file modes met."""
+    image = open_rgb(path, ImageDataError, modes)
     if min(image.size) < min_size:
         raise ImageDataError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels, smaller than "
                              f"min_image_size={min_size}")
@@ -243,8 +242,9 @@ def check_tensor(x, path: Path, shape: tuple[int, ...] | None) -> None:
         raise ImageDataError(f"{path}: the transform gave an image of shape {tuple(x.shape)}, expected {tuple(shape)}")
 
 
-def verify_images(root: str | Path, min_size: int = 1) -> tuple[int, list[str]]:
-    """(number of images, [error messages]) after opening every image of every split."""
+def verify_images(root: str | Path, min_size: int = 1, modes: Counter | None = None) -> tuple[int, list[str]]:
+    """(number of images, [error messages]) after opening every image of every split and
+    converting it as training does; ``modes`` counts the file modes met."""
     classes = find_classes(root)
     errors, n = [], 0
     for split in SPLITS:
@@ -254,7 +254,7 @@ def verify_images(root: str | Path, min_size: int = 1) -> tuple[int, list[str]]:
         for path, _ in scan_split(root, split, classes):
             n += 1
             try:
-                load_image(path, min_size)
+                load_image(path, min_size, modes)
             except ImageDataError as e:
                 errors.append(str(e))
     return n, errors
@@ -280,14 +280,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("root")
     p.add_argument("--min-size", type=int, default=1)
     a = p.parse_args(argv)
+    modes: Counter = Counter()
     try:
-        n, errors = verify_images(a.root, a.min_size)
+        n, errors = verify_images(a.root, a.min_size, modes)
     except ImageDataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     for e in errors:
         print(e, file=sys.stderr)
-    print(f"{n} images, {len(errors)} bad")
+    converted = ", ".join(f"{m} {k}" for m, k in sorted(modes.items()) if m != "RGB")
+    print(f"{n} images, {len(errors)} bad" + (f"; converted to RGB from: {converted}" if converted else ""))
     return 1 if errors else 0
 
 

@@ -4,8 +4,11 @@
 layout with the pipeline of mmseg's ``_base_/datasets/ade20k_640x640.py`` scaled to the
 crop size (train: RandomResize of (4 crop, crop) by 0.5-2, RandomCrop with cat_max_ratio
 0.75, flip, PhotoMetricDistortion; eval: Resize to (4 crop, crop) keeping the aspect ratio,
-then the annotation at its original size), with ``LoadCheckedAnnotations`` in place of
-``LoadAnnotations`` so that a bad annotation fails with the file's name.
+then the annotation at its original size), with ``LoadCheckedImageFromFile`` and
+``LoadCheckedAnnotations`` in place of mmcv's / mmseg's loaders so that a bad image or
+annotation fails with the file's name, and every image mode is read right. Any other
+failure of the pipeline on one item (an image too thin to resize, ...) is a
+``SegDataError`` naming the image, its size and the annotation.
 
 Batches are plain tensors (the engine moves them to the device): ``train_collate`` uses
 mmseg's ``SegDataPreProcessor`` (BGR->RGB, ImageNet mean/std, pad to the crop with 0 /
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from foundation.config import ConfigError
@@ -29,7 +33,8 @@ from mmengine.registry import DefaultScope  # noqa: E402
 from mmseg.datasets import ADE20KDataset  # noqa: E402
 from mmseg.models.data_preprocessor import SegDataPreProcessor  # noqa: E402
 
-from tasks.segmentation.transforms import missing_annotations  # noqa: E402
+from foundation.engine.failure import one_line  # noqa: E402
+from tasks.segmentation.transforms import AnnotationError, ImageFileError, missing_annotations  # noqa: E402
 
 SPLITS = {"train": "training", "eval": "validation"}
 MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)  # ImageNet, 0-255, RGB
@@ -68,7 +73,7 @@ def check_layout(root: str | Path, field: str = "data_root") -> None:
 def train_pipeline(crop: int, num_classes: int, ratio_range: Sequence[float] = (0.5, 2.0),
                    cat_max_ratio: float = 0.75, photometric: bool = True) -> list[dict]:
     return [
-        dict(type="LoadImageFromFile"),
+        dict(type="LoadCheckedImageFromFile"),
         dict(type="LoadCheckedAnnotations", num_classes=num_classes),  # reduce_zero_label: the dataset's
         dict(type="RandomResize", scale=(4 * crop, crop), ratio_range=tuple(ratio_range), keep_ratio=True),
         dict(type="RandomCrop", crop_size=(crop, crop), cat_max_ratio=cat_max_ratio),
@@ -80,7 +85,7 @@ def train_pipeline(crop: int, num_classes: int, ratio_range: Sequence[float] = (
 
 def eval_pipeline(scale: int, num_classes: int) -> list[dict]:
     return [
-        dict(type="LoadImageFromFile"),
+        dict(type="LoadCheckedImageFromFile"),
         dict(type="Resize", scale=(4 * scale, scale), keep_ratio=True),
         # after Resize: the annotation stays at the original size, as mmseg evaluates
         dict(type="LoadCheckedAnnotations", num_classes=num_classes),  # reduce_zero_label: the dataset's
@@ -112,7 +117,27 @@ class SegDataset(Dataset):
         return len(self.dataset)
 
     def __getitem__(self, i: int) -> dict:
-        return {**self.dataset[i], "split": self.split}
+        try:
+            return {**self.dataset[i], "split": self.split}
+        except (AnnotationError, ImageFileError):
+            raise  # they name the file
+        except Exception as e:  # noqa: BLE001 - e.g. cv2.error from a resize, which names nothing
+            info = self.dataset.get_data_info(i)
+            raise SegDataError(f"{info['img_path']}{_size(info['img_path'])}: the {self.split} pipeline failed on it "
+                               f"(annotation {info.get('seg_map_path')}): {one_line(e)}") from e
+
+
+def _size(path: str) -> str:
+    """" (W x H pixels)" of an image file, or "" when unreadable."""
+    try:
+        with Image.open(path) as im:
+            return f" ({im.size[0]}x{im.size[1]} pixels)"
+    except (OSError, ValueError):
+        return ""
+
+
+class SegDataError(ValueError):
+    """An item of a segmentation data set cannot be made into a training sample."""
 
 
 class TrainCollate:

@@ -16,10 +16,13 @@ before mmseg is imported. It is mmcv-lite's own ``mmcv/ops`` directory (same
 ``point_sample`` is imported from the submodule that the real ``__init__`` imports it
 from (read from that file, not hard-coded) the first time it is looked up. Ops written
 in pure PyTorch (``point_sample``, ``bilinear_grid_sample``, ...) are therefore mmcv's own
-code and work; an op whose submodule needs ``mmcv._ext`` becomes a placeholder class
-that raises ``MissingCompiledOp`` naming the op and the fix when it is *used* (called,
-instantiated), so merely importing a module that mentions it - as mmseg's
-``focal_loss.py`` does - still works.
+code and work. An op whose submodule needs ``mmcv._ext`` behaves as a missing compiled
+op: ``from mmcv.ops import nms`` raises ``MissingCompiledOp``, a ``ModuleNotFoundError``
+naming the op and the fix, so code written for optional ops (``try: from mmcv.ops import
+nms / except ImportError: <fallback>``) takes its fallback. mmseg's own modules alone get
+a placeholder class instead, which raises ``MissingCompiledOp`` when *used* (called,
+instantiated): mmseg's ``focal_loss.py`` imports ``sigmoid_focal_loss`` unconditionally,
+and ``import mmseg.models`` must still work.
 
 It steps aside - changes nothing - when the compiled extension is importable (full
 ``mmcv`` installed) or when ``mmcv.ops`` was already imported by someone else.
@@ -50,8 +53,10 @@ __all__ = ["MissingCompiledOp", "install", "import_mmseg", "ops_are_stand_in"]
 _STAND_IN_FLAG = "__foundation_stand_in__"
 
 
-class MissingCompiledOp(RuntimeError):
-    """An mmcv op that needs mmcv's compiled extension, which mmcv-lite lacks, was used."""
+class MissingCompiledOp(ModuleNotFoundError):
+    """An mmcv op that needs mmcv's compiled extension (``mmcv._ext``), which mmcv-lite
+    lacks, was imported or used. A ``ModuleNotFoundError`` (so an ``ImportError``), as a
+    missing compiled module is."""
 
 
 def _has_compiled_ops() -> bool:
@@ -79,11 +84,8 @@ def _export_map(init_file: Path) -> dict[str, str]:
     return names
 
 
-def _placeholder(name: str, submodule: str, error: BaseException) -> type:
-    """A class standing for an op that cannot load: importing it works; calling or
-    instantiating it raises. A class (not a function) keeps ``isinstance`` checks and
-    subclassing in other code valid."""
-    message = (
+def _missing_message(name: str, submodule: str, error: BaseException) -> str:
+    return (
         f"mmcv.ops.{name} needs mmcv's compiled extension, which this environment lacks "
         f"(mmcv-lite; importing mmcv.ops.{submodule} failed with: {error}). The modules of "
         "foundation's segmentation task do not use it; for this op install mmcv 2.1.0 with "
@@ -91,8 +93,15 @@ def _placeholder(name: str, submodule: str, error: BaseException) -> type:
         "tasks.segmentation.mmseg_compat steps aside."
     )
 
+
+def _placeholder(name: str, submodule: str, error: BaseException) -> type:
+    """A class standing for an op that cannot load, for mmseg's own modules: importing it
+    works; calling or instantiating it raises. A class (not a function) keeps
+    ``isinstance`` checks and subclassing in other code valid."""
+    message = _missing_message(name, submodule, error)
+
     def refuse(*args, **kwargs):
-        raise MissingCompiledOp(message)
+        raise MissingCompiledOp(message, name="mmcv._ext")
 
     return type(name, (), {"__new__": refuse, "__doc__": message, "__module__": f"mmcv.ops.{submodule}",
                            "__missing_compiled_op__": True})
@@ -116,7 +125,9 @@ def _stand_in(ops_dir: Path) -> types.ModuleType:
         try:
             value = getattr(importlib.import_module(f"mmcv.ops.{submodule}"), name)
         except (ImportError, AttributeError, OSError, AssertionError) as e:
-            value = _placeholder(name, submodule, e)
+            if _imported_by_mmseg():  # not cached: anyone else gets the ImportError
+                return _placeholder(name, submodule, e)
+            raise MissingCompiledOp(_missing_message(name, submodule, e), name="mmcv._ext") from None
         # importing the submodule bound its module object to the package attribute of the
         # same name (e.g. point_sample); the exported object replaces it, as in mmcv's __init__
         setattr(module, name, value)
@@ -124,6 +135,15 @@ def _stand_in(ops_dir: Path) -> types.ModuleType:
 
     module.__getattr__ = __getattr__
     return module
+
+
+def _imported_by_mmseg() -> bool:
+    """Whether the code looking up an mmcv.ops name (past the import machinery) is mmseg's."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("importlib"):
+        frame = frame.f_back
+    name = frame.f_globals.get("__name__", "") if frame is not None else ""
+    return name == "mmseg" or name.startswith("mmseg.")
 
 
 def install() -> bool:

@@ -1,4 +1,11 @@
-"""``LoadCheckedAnnotations``: mmseg's ``LoadAnnotations`` that first checks the file.
+"""``LoadCheckedImageFromFile`` and ``LoadCheckedAnnotations``: mmseg's loaders with
+checks that name the file.
+
+mmcv's ``LoadImageFromFile`` decodes with OpenCV, which returns nothing for a truncated
+JPEG or PNG (the pipeline then fails without the file's name) and drops the alpha of a
+transparent image. ``LoadCheckedImageFromFile`` decodes with PIL through
+``tasks.vision_common.images`` (every mode to RGB: 16-bit scaled down, alpha over white;
+a truncated file an error naming it) and hands mmseg the BGR array it expects.
 
 mmseg reads an annotation PNG, squeezes it and casts it to uint8 without checks: a
 missing file fails deep in the file backend, an RGB (colour) mask or a 16-bit map with
@@ -17,15 +24,44 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import io
+
 import numpy as np
 from mmcv import imfrombytes
+from mmcv.transforms import BaseTransform
 from mmengine import fileio
 from mmseg.datasets.transforms import LoadAnnotations
 from mmseg.registry import TRANSFORMS
 
+from tasks.vision_common.images import open_rgb
+
 
 class AnnotationError(ValueError):
     """An annotation file does not fit its image or the class range; the message names it."""
+
+
+class ImageFileError(ValueError):
+    """An image file cannot be read; the message names it."""
+
+
+@TRANSFORMS.register_module()
+class LoadCheckedImageFromFile(BaseTransform):
+    """``LoadImageFromFile`` (``img``, BGR uint8; ``img_shape``, ``ori_shape``) decoded by PIL,
+    with every image mode converted to RGB first and a bad file named."""
+
+    def __init__(self, backend_args=None):
+        self.backend_args = backend_args
+
+    def transform(self, results: dict) -> dict:
+        path = results["img_path"]
+        try:
+            data = fileio.get(path, backend_args=self.backend_args)
+        except FileNotFoundError:
+            raise ImageFileError(f"{path}: image not found") from None
+        rgb = open_rgb(io.BytesIO(data), ImageFileError, name=path)
+        img = np.ascontiguousarray(np.asarray(rgb)[..., ::-1])  # mmseg's images are BGR, as OpenCV reads them
+        results.update(img=img, img_shape=img.shape[:2], ori_shape=img.shape[:2])
+        return results
 
 
 def check_label_map(raw: np.ndarray, num_classes: int, reduce_zero_label: bool, path: str,
@@ -65,8 +101,13 @@ class LoadCheckedAnnotations(LoadAnnotations):
         image = results.get("img_path")
         if not fileio.exists(path, backend_args=self.backend_args):
             raise FileNotFoundError(f"annotation not found: {path}" + (f" (for image {image})" if image else ""))
-        raw = imfrombytes(fileio.get(path, backend_args=self.backend_args), flag="unchanged",
-                          backend=self.imdecode_backend)
+        try:
+            raw = imfrombytes(fileio.get(path, backend_args=self.backend_args), flag="unchanged",
+                              backend=self.imdecode_backend)
+        except (OSError, ValueError, SyntaxError) as e:  # a truncated or damaged PNG
+            raise AnnotationError(f"{path}: cannot read the annotation ({e})") from None
+        if raw is None:  # OpenCV's answer to a file it cannot decode
+            raise AnnotationError(f"{path}: cannot read the annotation (not a decodable image)")
         reduce = self.reduce_zero_label if self.reduce_zero_label is not None else results.get("reduce_zero_label", False)
         shape = results.get("ori_shape")  # the image as loaded, before any resize
         check_label_map(np.asarray(raw), self.num_classes, bool(reduce), str(path), shape, image)

@@ -18,12 +18,13 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from foundation.config import ConfigError
 # one implementation of per-item, worker-independent randomness for every image task
 from tasks.classification.data import item_seed as train_item_seed
 from tasks.classification.data import seeded
+from tasks.vision_common.images import open_rgb
 
 
 class DataError(ConfigError):
@@ -33,16 +34,16 @@ class DataError(ConfigError):
 
 
 def load_image(path: str | Path, record: str) -> Image.Image:
-    """An RGB PIL image; ``DataError`` naming ``record`` (e.g. "question 17 in FILE") if
-    the file is missing or not an image."""
+    """An RGB PIL image (any mode converted by ``vision_common.images.to_rgb``); ``DataError``
+    naming ``record`` (e.g. "question 17 in FILE") and the file if it is missing, not an
+    image or truncated."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{record}: image not found: {path}")
     try:
-        with Image.open(path) as im:
-            return im.convert("RGB")
-    except (UnidentifiedImageError, OSError) as e:
-        raise DataError(f"{record}: {path} is not a readable image ({e})") from None
+        return open_rgb(path)  # every PIL mode to RGB, as the vision tasks read it
+    except ValueError as e:
+        raise DataError(f"{record}: {e}") from None
 
 
 def image_transform(img_size: int, train: bool, mean: Sequence[float], std: Sequence[float],

@@ -1,0 +1,1 @@
+"""What the image tasks (classification, segmentation, the vision-language tasks) share."""

@@ -1,0 +1,61 @@
+"""Image files to the model's RGB input, for every mode PIL opens, with errors that name the file.
+
+PIL's own ``convert("RGB")`` is right for most modes (L, 1-bit, palette P, CMYK, YCbCr)
+but not for two kinds of file:
+
+* 16-bit (and 32-bit integer) greyscale, modes ``I;16*`` and ``I``: PIL clips the values
+  to 0..255, so a 16-bit image, whose values run to 65535, comes out nearly all white.
+  Here they are scaled from 0..65535 down to 0..255 (value / 257, so 65535 -> 255).
+* images with transparency (LA, RGBA, PA, a palette or greyscale with a transparent
+  colour): PIL drops the alpha, showing whatever colour the transparent pixels happen to
+  hold (often black). Here they are composited over white, as a viewer shows them.
+
+``open_rgb`` decodes the whole file at once, so a truncated JPEG or PNG fails there, with
+the file's name, rather than silently (OpenCV) or later without a name.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+WHITE = (255, 255, 255, 255)
+
+
+def has_alpha(image: Image.Image) -> bool:
+    return image.mode in ("RGBA", "LA", "PA", "RGBa", "La") or (
+        image.mode in ("P", "L", "RGB") and "transparency" in image.info)
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """The RGB image of ``image``, whatever its mode (see the module docstring)."""
+    if image.mode == "I" or image.mode.startswith("I;16"):
+        values = np.asarray(image).astype(np.float64)
+        grey = np.clip(np.rint(values / 257.0), 0, 255).astype(np.uint8)
+        return Image.fromarray(grey, "L").convert("RGB")
+    if has_alpha(image):
+        return Image.alpha_composite(Image.new("RGBA", image.size, WHITE), image.convert("RGBA")).convert("RGB")
+    return image.convert("RGB")  # a copy even for RGB: the caller may close the file's image
+
+
+def open_rgb(source: str | Path | BinaryIO, error: type[Exception] = ValueError, modes: Counter | None = None,
+             name: str | Path | None = None) -> Image.Image:
+    """The RGB image in the file ``source`` (a path, or an open binary file called
+    ``name``); ``error`` naming the file when it is missing, not an image, truncated or too
+    large to decode. ``modes`` counts the modes met."""
+    name = source if name is None else name
+    try:
+        with Image.open(source) as im:
+            im.load()  # decode now: a truncated file fails here
+            if modes is not None:
+                modes[im.mode] += 1
+            return to_rgb(im)
+    except FileNotFoundError:
+        raise error(f"{name}: image not found") from None
+    except UnidentifiedImageError:
+        raise error(f"{name}: not an image file (or a format PIL cannot read)") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        raise error(f"{name}: cannot read the image ({e})") from None
