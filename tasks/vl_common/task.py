@@ -136,6 +136,16 @@ class VLTask(Task):
                     img_size=self.cfg.img_size, patch_size=self.cfg.patch_size,
                     text_positions=self.cfg.text_positions, dim=self.backbone_cfg.dim)
 
+    def export_meta(self) -> dict[str, Any]:
+        """The text tokenizer (its name; a sentencepiece model's bytes) and the evaluation
+        image transform's settings, for ``foundation predict``."""
+        c = self.cfg
+        meta = dict(tokenizer=c.tokenizer, max_text_len=c.max_text_len, img_size=c.img_size,
+                    image_mean=list(c.image_mean), image_std=list(c.image_std))
+        if c.tokenizer == "sentencepiece":
+            meta["spm_model"] = Path(c.spm_model).read_bytes()
+        return meta
+
     def check(self) -> None:
         experts = list(self.backbone_cfg.experts)
         if experts and not set(EXPERTS) <= set(experts):
