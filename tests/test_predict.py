@@ -204,17 +204,18 @@ def recognizer(tmp_path_factory) -> Path:
                         task, batch=1)
 
 
-def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
-    from tasks.asr.demo import VOICES  # noqa: F401  (the demo's synthesiser is not needed: any audio)
+def tone(rate: int, seconds: float = 1.3) -> np.ndarray:
+    """A band-limited signal (a 220 Hz tone, smoothly pulsing), the same at any sample rate."""
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
 
-    rate = 44100
-    t = np.arange(int(1.3 * rate)) / rate
-    left = 0.3 * np.sin(2 * np.pi * 220 * t) * (np.sin(2 * np.pi * 3 * t) > 0)
-    stereo = np.stack([left, 0.5 * left], axis=1).astype(np.float32)
+
+def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
+    x = tone(44100)
     wav = tmp_path / "user.wav"
-    sf.write(wav, stereo, rate)
+    sf.write(wav, np.stack([1.5 * x, 0.5 * x], axis=1), 44100)  # stereo; mixed down: x
     flac = tmp_path / "user.flac"
-    sf.write(flac, stereo[:, 0], 22050 * 2, format="FLAC")
+    sf.write(flac, tone(22050), 22050, format="FLAC")
     records = json_lines(cli(str(recognizer), str(wav), str(flac), "--json"))
     assert [r["input"] for r in records] == [str(wav), str(flac)]
     assert all(isinstance(r["text"], str) for r in records)
@@ -225,11 +226,16 @@ def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
     p = load_predictor(recognizer, device="cpu")
     one = p(str(wav))
     assert one["text"] == records[0]["text"]
-    beam = p(str(wav), beam=2)
-    assert isinstance(beam["text"], str)
-    # long audio in pieces: 1.3 s cut into pieces of at most 0.5 s gives the same kind of record
-    pieces = p(str(wav), chunk_seconds=0.5)
-    assert pieces["seconds"] == pytest.approx(1.3, abs=1e-3) and isinstance(pieces["text"], str)
+    assert isinstance(p(str(wav), beam=2)["text"], str)
+    # what the model hears: the 44.1 kHz stereo file mixed down and resampled gives the
+    # filterbanks of the same signal recorded at 16 kHz mono
+    sf.write(tmp_path / "mono16k.wav", tone(16000), 16000)
+    ours, direct = (p.load(str(f))["feats"][0] for f in (wav, tmp_path / "mono16k.wav"))
+    assert ours.shape == direct.shape
+    assert ((ours.exp() - direct.exp()).abs().sum() / direct.exp().sum()) < 0.02
+    # long audio in pieces: 1.3 s cut into pieces of at most 0.5 s
+    assert len(p.load(str(wav), chunk_seconds=0.5)["feats"]) == 3
+    assert p(str(wav), chunk_seconds=0.5)["seconds"] == pytest.approx(1.3, abs=1e-3)
 
     from foundation.engine.predict import InputError
 
@@ -238,6 +244,20 @@ def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
         p(str(image))
     done = cli(str(recognizer), str(image), expect=1)
     assert done.stdout == "" and str(image) in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_long_audio_is_read_in_bounded_pieces(tmp_path):
+    from tasks.asr.predict import audio_pieces
+
+    rate = 8000
+    audio = np.random.default_rng(0).normal(0, 0.1, 5 * rate).astype(np.float32)
+    audio[int(1.9 * rate):int(1.95 * rate)] = 0.0  # a pause near the end of the first 2 s window
+    sf.write(tmp_path / "long.wav", np.stack([audio, audio], axis=1), rate)
+    pieces = list(audio_pieces(tmp_path / "long.wav", 16000, chunk_seconds=2.0))
+    assert len(pieces) == 3 and all(seconds <= 2.0 for _, seconds in pieces)
+    assert 1.9 <= pieces[0][1] <= 1.95  # cut in the pause
+    assert sum(seconds for _, seconds in pieces) == pytest.approx(5.0)
+    assert sum(len(wav) for wav, _ in pieces) == pytest.approx(5 * 16000, abs=3)  # resampled to 16 kHz
 
 
 def test_quietest_cut_lands_in_the_pause():
@@ -264,9 +284,27 @@ def vl_runs(tmp_path_factory) -> dict[str, Path]:
     front = {"img_size": 32, "patch_size": 8, "max_text_len": 16, "text_positions": 16}
     vqa = trained_copy(tmp, data / "vqa", "vqa", {**backbone, "final_norm": False},
                        {"name": "vqa", **front, "data_dir": str(data / "vqa"), "min_answer_count": 1})
-    nlvr2 = trained_copy(tmp, data / "nlvr2", "nlvr2", backbone, {"name": "nlvr2", **front,
-                                                                  "data_dir": str(data / "nlvr2")})
+    # NLVR2 with a sentencepiece tokenizer (BEiT-3's kind) that lives in the data folder: the
+    # model file must carry it
+    spm_model, pieces = sentencepiece_model(data / "nlvr2")
+    nlvr2 = trained_copy(tmp, data / "nlvr2", "nlvr2", backbone, {
+        "name": "nlvr2", **front, "data_dir": str(data / "nlvr2"), "tokenizer": "sentencepiece",
+        "spm_model": str(spm_model), "vocab_size": pieces + 2})
     return {"vqa": vqa, "nlvr2": nlvr2}
+
+
+def sentencepiece_model(nlvr2: Path) -> tuple[Path, int]:
+    import io
+
+    import sentencepiece as spm
+
+    sentences = [json.loads(line)["sentence"] for line in (nlvr2 / "data/train.json").read_text().splitlines()]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences * 4), model_writer=buf, vocab_size=40,
+                                   model_type="char", hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    path = nlvr2 / "text.spm"
+    path.write_bytes(buf.getvalue())
+    return path, spm.SentencePieceProcessor(model_proto=buf.getvalue()).get_piece_size()
 
 
 def test_vqa_answers_a_question(vl_runs, tmp_path):
@@ -296,6 +334,9 @@ def test_nlvr2_judges_a_pair(vl_runs, tmp_path):
                               "--json"))
     assert record["input"] == [str(left), str(right)]
     assert isinstance(record["label"], bool) and 0.5 <= record["score"] <= 1
+
+    spm = checkpoint.read_meta(vl_runs["nlvr2"] / "model.safetensors")["nlvr2"]["spm_model"]
+    assert isinstance(spm, bytes) and len(spm) > 100  # the sentencepiece model, its file deleted with the data
 
     from foundation import load_predictor
 

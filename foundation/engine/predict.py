@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import abc
 import argparse
+import contextlib
 import json
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
@@ -80,6 +82,9 @@ class Predictor(abc.ABC):
         return records[0] if single else records
 
     def check_options(self, options: Mapping[str, Any]) -> None:
+        for name in ("top_k", "beam", "chunk_seconds"):
+            if options.get(name) is not None and options[name] <= 0:
+                raise InputError(f"--{name.replace('_', '-')} must be > 0, got {options[name]}")
         missing = [name for name in self.required if not options.get(name)]
         if missing:
             flags = ", ".join(f"--{m}" for m in missing)
@@ -233,7 +238,11 @@ def predict_main(argv: list[str]) -> int:
     from foundation.config import ConfigError
 
     try:
-        predictor = load_predictor(a.model, a.task, a.device)
+        # building the model from its file may print (a pretrained file it no longer needs,
+        # library deprecation notes): keep stdout for the records
+        with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            predictor = load_predictor(a.model, a.task, a.device)
         records = predictor.run(a.inputs, batch_size=a.batch_size, progress=True, **options)
         failed = 0
         for record in records:

@@ -79,8 +79,6 @@ class ASRPredictor(Predictor):
             raise InputError(f"{path}: no such file")
         if path.stat().st_size == 0:
             raise InputError(f"{path}: empty file (0 bytes)")
-        if chunk_seconds <= 0:
-            raise InputError(f"chunk_seconds must be > 0, got {chunk_seconds}")
         try:
             pieces = list(audio_pieces(path, self.rate, chunk_seconds))
         except (sf.LibsndfileError, RuntimeError, TypeError) as e:

@@ -168,7 +168,8 @@ class Segmentation(Task):
         """Class names and palette, the label values (ADE20k's: index + 1), the test-time
         resize and normalisation, and whole / sliding-window inference with its sizes."""
         c = self.cfg
-        return dict(classes=list(class_names(c.num_classes)), palette=[list(p) for p in ADE_PALETTE[:c.num_classes]],
+        return dict(classes=[n.strip() for n in class_names(c.num_classes)],  # mmseg's list has 'bed '
+                    palette=[list(p) for p in ADE_PALETTE[:c.num_classes]],
                     label_offset=1, scale=c.img_size, mean=list(MEAN), std=list(STD), mode=c.test_mode,
                     crop=c.img_size, stride=self.stride)
 
