@@ -35,6 +35,8 @@ def trained_copy(tmp: Path, data: Path, name: str, backbone: dict, task: dict, s
            "optim": {"lr": 1e-3}, "train": {"steps": steps, "batch_size": batch}}
     result = train(*resolve(OmegaConf.create(cfg)))
     assert result.status == "finished", result.message
+    best, last = (checkpoint.read_meta(d / "model.safetensors") for d in (result.run_dir / "best", result.last_checkpoint))
+    assert best and last == best  # every model file of the run carries it
     copy = tmp / "elsewhere" / name
     shutil.copytree(result.run_dir / "best", copy)
     shutil.rmtree(data)
@@ -182,8 +184,14 @@ def test_segmentation_writes_mask_and_overlay(segmenter, tmp_path):
 
     from foundation import load_predictor
 
-    again = load_predictor(segmenter, device="cpu")(str(image), out=tmp_path / "py")
+    p = load_predictor(segmenter, device="cpu")
+    again = p(str(image), out=tmp_path / "py")
     assert np.array_equal(np.asarray(Image.open(again["mask"])), values)  # sliding window, as trained
+    for sub in ("a", "b"):  # same names from two folders: both kept
+        (tmp_path / sub).mkdir()
+        shutil.copy(image, tmp_path / sub / "x.jpg")
+    both = p([str(tmp_path / "a/x.jpg"), str(tmp_path / "b/x.jpg")], out=tmp_path / "dup")
+    assert [Path(r["mask"]).name for r in both] == ["x_mask.png", "x_2_mask.png"]
 
 
 # --------------------------------------------------------------------------- speech recognition

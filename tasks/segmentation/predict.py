@@ -32,8 +32,13 @@ class SegmentationPredictor(Predictor):
         m = self.meta
         self.classes, self.offset = list(m["classes"]), int(m["label_offset"])
         self.colors = np.asarray(m["palette"], np.uint8)
+        self.written: set[Path] = set()  # masks written in this call: same-named inputs get _2, _3 ...
         self.mean = torch.tensor(m["mean"]).view(3, 1, 1)
         self.std = torch.tensor(m["std"]).view(3, 1, 1)
+
+    def run(self, *args, **kwargs):
+        self.written = set()  # names are unique within one call; a later call overwrites
+        yield from super().run(*args, **kwargs)
 
     def load(self, source, **_) -> dict:
         from mmcv import imrescale
@@ -61,9 +66,13 @@ class SegmentationPredictor(Predictor):
         return records
 
     def _write(self, item: dict, labels: np.ndarray, folder: Path) -> dict:
-        stem = item["source"].stem
+        stem, n = item["source"].stem, 1
+        while (folder / f"{stem}_mask.png").resolve() in self.written:  # a/x.jpg and b/x.jpg in one run
+            n += 1
+            stem = f"{item['source'].stem}_{n}"
         mask_path, overlay_path = folder / f"{stem}_mask.png", folder / f"{stem}_overlay.png"
-        mask = Image.fromarray((labels + self.offset).astype(np.uint8), mode="P")
+        self.written.add(mask_path.resolve())
+        mask = Image.fromarray((labels + self.offset).astype(np.uint8)).convert("P")
         palette = np.zeros((256, 3), np.uint8)
         palette[self.offset:self.offset + len(self.colors)] = self.colors
         mask.putpalette(palette.flatten().tolist())
