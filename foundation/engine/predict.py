@@ -175,7 +175,10 @@ def load_predictor(source: str | Path, task: str | None = None, device: str | to
         raise NoPredictor(f"{path}: several tasks can predict ({', '.join(candidates)}); pick one with --task ID")
     tid = candidates[0]
     meta = (model.saved_meta or {}).get(tid) or _meta_from_data(model.tasks[tid], path)
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError as e:
+        raise NoPredictor(f"--device {device!r}: {e}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise NoPredictor("--device cuda: no CUDA device is available here")
     model.to(dev).eval()
