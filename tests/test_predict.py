@@ -15,29 +15,30 @@ import numpy as np
 import pytest
 import soundfile as sf
 import torch
-from omegaconf import OmegaConf
 from PIL import Image
 
 from foundation import checkpoint
-from foundation.engine.config import resolve
 from foundation.engine.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROOT = Path(__file__).resolve().parents[1]
-ENGINE = {"seed": 0, "device": "cpu", "schedule": {"warmup_steps": 1}, "eval": {"batch_size": 8, "max_batches": 1},
-          "save": {"keep": 1}, "log": {"progress": False, "tensorboard": False}}
+# every run: the shipped tiny config of its task, shrunk to a couple of steps of a tiny model
+TINY = ["backbone.dim=16", "backbone.depth=1", "backbone.heads=2", "backbone.ffn_dim=32", "train.steps=2",
+        "eval.every=0", "eval.max_batches=1", "eval.batch_size=4", "save.every=0", "log.progress=false",
+        "log.tensorboard=false", "device=cpu", "schedule.warmup_steps=1"]
 
 
-def trained_copy(tmp: Path, data: Path, name: str, backbone: dict, task: dict, steps: int = 2, batch: int = 4) -> Path:
-    """Train ``steps`` steps, copy best/ to a fresh folder, delete the data and the run."""
-    cfg = {**ENGINE, "run_name": name, "output_dir": str(tmp / "runs"), "backbone": backbone, "tasks": [task],
-           "optim": {"lr": 1e-3}, "train": {"steps": steps, "batch_size": batch}}
-    result = train(*resolve(OmegaConf.create(cfg)))
+def trained_copy(tmp: Path, data: Path, config: str, *overrides: str) -> Path:
+    """Train ``configs/<config>`` briefly, copy best/ to a fresh folder, delete the data and the run."""
+    from foundation.engine.config import load_config
+
+    cfg, specs = load_config(ROOT / "configs" / config, TINY + [f"output_dir={tmp / 'runs'}", *overrides])
+    result = train(cfg, specs)
     assert result.status == "finished", result.message
     best, last = (checkpoint.read_meta(d / "model.safetensors") for d in (result.run_dir / "best", result.last_checkpoint))
     assert best and last == best  # every model file of the run carries it
-    copy = tmp / "elsewhere" / name
+    copy = tmp / "elsewhere" / result.run_dir.name
     shutil.copytree(result.run_dir / "best", copy)
     shutil.rmtree(data)
     shutil.rmtree(result.run_dir)
@@ -76,8 +77,9 @@ def classifier(tmp_path_factory) -> Path:
     data = tmp / "data"
     write_dataset(data, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
     classes = sorted(p.name for p in (data / "train").iterdir())
-    task = {"name": "classification", "data_dir": str(data), "num_classes": 3, "img_size": 16, "patch_size": 4}
-    copy = trained_copy(tmp, data, "cls", {"dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32}, task)
+    copy = trained_copy(tmp, data, "vision/tiny_finetune_magneto.yaml", "init_from=null", "train.batch_size=4",
+                        f"tasks.classification.data_dir={data}", "tasks.classification.num_classes=3",
+                        "tasks.classification.img_size=16")
     assert checkpoint.read_meta(copy / "model.safetensors")["classification"]["classes"] == classes
     return copy
 
@@ -160,11 +162,10 @@ def segmenter(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("seg")
     data = tmp / "ade"
     demo.write(data, seed=0, n_train=4, n_val=1, height=24, width=32)
-    task = {"name": "segmentation", "data_root": str(data), "num_classes": demo.NUM_CLASSES, "img_size": 16,
-            "patch_size": 4, "abs_pos_embed": True, "out_indices": [0, 0, 0, 0], "channels": 8, "aux_weight": 0,
-            "test_mode": "slide", "test_stride": 8, "photometric": False}
-    return trained_copy(tmp, data, "seg", {"dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32, "final_norm": False},
-                        task, batch=2)
+    return trained_copy(tmp, data, "segmentation/tiny_magneto.yaml", "train.batch_size=2",
+                        f"tasks.segmentation.data_root={data}", "tasks.segmentation.img_size=16",
+                        "tasks.segmentation.out_indices=[0,0,0,0]", "tasks.segmentation.channels=8",
+                        "tasks.segmentation.aux_channels=4", "tasks.segmentation.test_stride=8")
 
 
 def test_segmentation_writes_mask_and_overlay(segmenter, tmp_path):
@@ -205,11 +206,10 @@ def recognizer(tmp_path_factory) -> Path:
     data = tmp / "speech"
     make_corpus(data, seed=3, utts_per_voice={"train": 2, "dev": 1, "test": 1}, n_dev_voices=1, n_test_voices=1,
                 voices=VOICES[:3], sentences=["GO LEFT", "STOP NOW", "OPEN THE DOOR"])
-    task = {"name": "asr", "batch_size": 1, "data_dir": str(data), "train_splits": ["train"], "eval_splits": ["dev"],
-            "vocab_size": 12, "max_frames": 4000, "vgg_channels": [4, 8], "predictor_embed_dim": 16,
-            "predictor_dim": 16, "joint_dim": 16, "aux_layers": [], "aux_transducer_weight": 0.0}
-    return trained_copy(tmp, data, "asr", {"dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32, "rel_pos": "1d"},
-                        task, batch=1)
+    return trained_copy(tmp, data, "asr/tiny_magneto.yaml", f"tasks.asr.data_dir={data}", "tasks.asr.vocab_size=12",
+                        "tasks.asr.eval_splits=[dev]", "tasks.asr.vgg_channels=[4,8]",
+                        "tasks.asr.predictor_embed_dim=16", "tasks.asr.predictor_dim=16", "tasks.asr.joint_dim=16",
+                        "tasks.asr.aux_layers=[0]", "tasks.asr.aux_mlp_dim=16", f"tasks.asr.hyp_dir={tmp / 'hyp'}")
 
 
 def tone(rate: int, seconds: float = 1.3) -> np.ndarray:
@@ -288,16 +288,16 @@ def vl_runs(tmp_path_factory) -> dict[str, Path]:
     data = tmp / "vl"
     write_dataset(data, seed=1, image_size=32, vqa_train=6, vqa_val=3, questions_per_image=2, nlvr2_train=4,
                   nlvr2_dev=2, text_lines=20)
-    backbone = {"dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32, "experts": ["vision", "text"]}
-    front = {"img_size": 32, "patch_size": 8, "max_text_len": 16, "text_positions": 16}
-    vqa = trained_copy(tmp, data / "vqa", "vqa", {**backbone, "final_norm": False},
-                       {"name": "vqa", **front, "data_dir": str(data / "vqa"), "min_answer_count": 1})
+    front = ["img_size=32", "patch_size=8", "max_text_len=16", "text_positions=16"]
+    vqa = trained_copy(tmp, data / "vqa", "vl/tiny_vqa_magneto.yaml", "train.batch_size=4",
+                       f"tasks.vqa.data_dir={data / 'vqa'}", *(f"tasks.vqa.{f}" for f in front))
     # NLVR2 with a sentencepiece tokenizer (BEiT-3's kind) that lives in the data folder: the
     # model file must carry it
     spm_model, pieces = sentencepiece_model(data / "nlvr2")
-    nlvr2 = trained_copy(tmp, data / "nlvr2", "nlvr2", backbone, {
-        "name": "nlvr2", **front, "data_dir": str(data / "nlvr2"), "tokenizer": "sentencepiece",
-        "spm_model": str(spm_model), "vocab_size": pieces + 2})
+    nlvr2 = trained_copy(tmp, data / "nlvr2", "vl/tiny_nlvr2_magneto.yaml", "train.batch_size=4",
+                         f"tasks.nlvr2.data_dir={data / 'nlvr2'}", *(f"tasks.nlvr2.{f}" for f in front),
+                         "tasks.nlvr2.tokenizer=sentencepiece", f"tasks.nlvr2.spm_model={spm_model}",
+                         f"tasks.nlvr2.vocab_size={pieces + 2}")
     return {"vqa": vqa, "nlvr2": nlvr2}
 
 
