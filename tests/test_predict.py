@@ -36,7 +36,8 @@ def trained_copy(tmp: Path, data: Path, config: str, *overrides: str) -> Path:
     cfg, specs = load_config(ROOT / "configs" / config, TINY + [f"output_dir={tmp / 'runs'}", *overrides])
     result = train(cfg, specs)
     assert result.status == "finished", result.message
-    best, last = (checkpoint.read_meta(d / "model.safetensors") for d in (result.run_dir / "best", result.last_checkpoint))
+    best, last = (checkpoint.read_meta(d / "model.safetensors")
+                  for d in (result.run_dir / "best", result.last_checkpoint))
     assert best and last == best  # every model file of the run carries it
     copy = tmp / "elsewhere" / result.run_dir.name
     shutil.copytree(result.run_dir / "best", copy)
@@ -376,5 +377,6 @@ def test_checkpoint_load_needs_no_import(classifier):
 def test_a_loaded_model_saves_its_metadata_again(classifier, tmp_path):
     model = checkpoint.load(classifier / "model.safetensors")
     checkpoint.save(model, tmp_path / "again.safetensors")
-    assert checkpoint.read_meta(tmp_path / "again.safetensors") == checkpoint.read_meta(classifier / "model.safetensors")
+    again = checkpoint.read_meta(tmp_path / "again.safetensors")
+    assert again == checkpoint.read_meta(classifier / "model.safetensors")
     torch.testing.assert_close(checkpoint.load(tmp_path / "again.safetensors").state_dict(), model.state_dict())
