@@ -3,7 +3,16 @@
 A checkpoint is one ``.safetensors`` file. Its metadata holds the model kind (a name in
 ``MODEL_KINDS``) and the model's config as JSON, so ``load(path)`` rebuilds the model
 from the file alone. Kinds are an explicit registry: a file names a kind, never a class
-path, and nothing is ever unpickled.
+path, and nothing is ever unpickled. The kinds of the ``foundation`` package itself
+(``Backbone``, ``VisionTransformer`` and a training run's ``MultiTaskModel``) need no
+import first.
+
+What *using* the model needs beyond its weights (class names, image statistics, a
+tokenizer, ...) travels in the same file: a model with an ``export_meta()`` method
+returns ``{section: {key: value}}`` (JSON values, or ``bytes`` such as a sentencepiece
+model), written as JSON into the metadata (``foundation.meta``; bytes base64-encoded).
+``read_meta(path)`` gives it back, and ``load`` keeps it on the model as ``saved_meta``
+(a model rebuilt from a file writes the same metadata again when it is saved).
 
 Converters map the public checkpoints' layouts onto ours:
 
@@ -13,6 +22,7 @@ Converters map the public checkpoints' layouts onto ours:
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
@@ -34,6 +44,8 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 # metadata keys of our files
 META_FORMAT, META_KIND, META_CONFIG = "foundation.format", "foundation.kind", "foundation.config"
+META_EXTRA = "foundation.meta"  # what prediction needs: {section: {key: value}} as JSON
+_BYTES = "base64"  # a bytes value in META_EXTRA is {"base64": "..."}
 
 
 class CheckpointError(ValueError):
@@ -76,11 +88,13 @@ register_model_kind("Backbone", Backbone, BackboneConfig, BackboneConfig.from_di
 
 def _register_builtin_kinds() -> None:
     """The foundation package's own models beyond the Backbone, imported on first use
-    (foundation.vit may itself import this module)."""
+    (foundation.vit and foundation.engine.model import this module): a run's
+    ``MultiTaskModel`` loads with no import first (its tasks are then found by name)."""
     from foundation.vit import VisionTransformer, ViTConfig
 
     if "VisionTransformer" not in MODEL_KINDS:
         register_model_kind("VisionTransformer", VisionTransformer, ViTConfig, ViTConfig.from_dict)
+    import foundation.engine.model  # noqa: F401  (registers MultiTaskModel)
 
 
 def _kind_of(model: nn.Module) -> str:
@@ -104,13 +118,17 @@ def _kind_of(model: nn.Module) -> str:
 
 
 def save(model: nn.Module, path: str | Path) -> Path:
-    """Write ``model``'s weights and config to ``path`` (safetensors), atomically."""
+    """Write ``model``'s weights and config to ``path`` (safetensors), atomically, with
+    what ``model.export_meta()`` returns, when it has one (see the module docstring)."""
     kind = _kind_of(model)
     metadata = {
         META_FORMAT: FORMAT_VERSION,
         META_KIND: kind,
         META_CONFIG: json.dumps(to_dict(model.config), sort_keys=True),
     }
+    extra = model.export_meta() if hasattr(model, "export_meta") else getattr(model, "saved_meta", None)
+    if extra:
+        metadata[META_EXTRA] = _encode_meta(extra)
     tensors = _unshared(model.state_dict())
     path = Path(path)
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
@@ -187,6 +205,36 @@ def _open(path: Path) -> tuple[dict[str, str], Callable[[], dict[str, torch.Tens
     return metadata, tensors
 
 
+def _encode_meta(extra: Mapping[str, Any]) -> str:
+    def encode(value: Any) -> Any:
+        if isinstance(value, (bytes, bytearray)):
+            return {_BYTES: base64.b64encode(bytes(value)).decode("ascii")}
+        raise TypeError(f"export_meta: {type(value).__name__} is not JSON or bytes")
+
+    return json.dumps(extra, sort_keys=True, default=encode)
+
+
+def _decode_meta(path: Path, text: str) -> dict[str, Any]:
+    def decode(obj: dict) -> Any:
+        return base64.b64decode(obj[_BYTES]) if set(obj) == {_BYTES} else obj
+
+    try:
+        meta = json.loads(text, object_hook=decode)
+    except (json.JSONDecodeError, ValueError) as e:
+        raise CheckpointError(f"{path}: the {META_EXTRA!r} metadata is not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: the {META_EXTRA!r} metadata is not a JSON object")
+    return meta
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """``{section: {key: value}}`` that the model's ``export_meta()`` wrote into the file
+    (bytes values come back as bytes); {} for a file without it."""
+    path = Path(path)
+    metadata, _ = _open(path)
+    return _decode_meta(path, metadata[META_EXTRA]) if META_EXTRA in metadata else {}
+
+
 def read_config(path: str | Path) -> tuple[str, Any]:
     """(model kind, validated config) stored in a checkpoint, without reading weights."""
     path = Path(path)
@@ -232,6 +280,7 @@ def load(path: str | Path, device: str | torch.device | None = None) -> nn.Modul
     kind_name, config = _config_from_metadata(path, metadata)
     model = MODEL_KINDS[kind_name].model_cls(config)
     load_state_into(model, tensors(), where=str(path))
+    model.saved_meta = _decode_meta(path, metadata[META_EXTRA]) if META_EXTRA in metadata else {}
     return model.to(device) if device is not None else model
 
 

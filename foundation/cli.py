@@ -13,6 +13,8 @@ COMMANDS = [
     (("train",), "foundation.engine.cli:train_main", "train from a YAML config: foundation train CONFIG [key=value ...]"),
     (("eval",), "foundation.engine.cli:eval_main", "evaluate a checkpoint: foundation eval CONFIG checkpoint=PATH"),
     (("plot",), "foundation.engine.cli:plot_main", "draw a run's loss/metric curves: foundation plot RUN_DIR"),
+    (("predict",), "foundation.engine.predict:predict_main",
+     "run a trained model on your files: foundation predict RUN_DIR INPUT... [--json] [--out DIR]"),
     (("compare",), "foundation.engine.compare:main",
      "one recipe under several norms x seeds x lrs, one report: foundation compare CONFIG | depth [--thousand]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),

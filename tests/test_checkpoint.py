@@ -187,6 +187,52 @@ def test_wrong_metadata(tmp_path, meta, needle):
     assert str(path) in str(err.value) and needle in str(err.value)
 
 
+def test_prediction_metadata_round_trip(tmp_path):
+    """What ``export_meta`` returns (JSON values and bytes) comes back from the file, is kept
+    on the loaded model and written again when that model is saved."""
+    meta = {"cls": {"classes": ["cat", "dog"], "mean": [0.5, 0.5, 0.5], "spm": bytes(range(256)) * 3}}
+    model = random_backbone()
+    model.export_meta = lambda: meta
+    path = save(model, tmp_path / "m.safetensors")
+    assert ckpt.read_meta(path) == meta
+    loaded = load(path)
+    assert loaded.saved_meta == meta and isinstance(loaded.saved_meta["cls"]["spm"], bytes)
+    assert ckpt.read_meta(save(loaded, tmp_path / "again.safetensors")) == meta
+    plain = save(random_backbone(), tmp_path / "plain.safetensors")
+    assert ckpt.read_meta(plain) == {} and load(plain).saved_meta == {}
+    model.export_meta = lambda: {"cls": {"array": torch.zeros(2)}}
+    with pytest.raises(TypeError, match="Tensor is not JSON or bytes"):
+        save(model, tmp_path / "bad.safetensors")
+    assert not (tmp_path / "bad.safetensors").exists()
+
+
+def test_broken_prediction_metadata_names_the_file(tmp_path):
+    path = tmp_path / "meta.safetensors"
+    save_file(random_backbone().state_dict(), str(path), metadata={"foundation.meta": "{oops"})
+    with pytest.raises(CheckpointError, match=re.escape(str(path)) + ".*foundation.meta.*not valid JSON"):
+        ckpt.read_meta(path)
+
+
+def test_run_files_load_with_no_import_first(tmp_path):
+    """A run's MultiTaskModel is a kind of the foundation package: a fresh interpreter
+    loads one with nothing imported but foundation.checkpoint (its tasks found by name)."""
+    import subprocess
+    import sys
+
+    from foundation.engine.model import ModelConfig, MultiTaskModel
+
+    model = MultiTaskModel(ModelConfig(backbone=BackboneConfig(dim=16, depth=1, heads=2, ffn_dim=32,
+                                                               arch="encoder_decoder"),
+                                       tasks=[{"name": "seq2seq", "problem": "reverse"}]))
+    path = save(model, tmp_path / "run.safetensors")
+    code = f"from foundation import checkpoint; print(type(checkpoint.load(r'{path}')).__name__)"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "MultiTaskModel"
+
+
 # --------------------------------------------------------------------------- strict loading
 
 

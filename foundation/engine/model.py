@@ -59,6 +59,18 @@ class MultiTaskModel(nn.Module):
     def forward(self, task_id: str, batch: Any):
         return self.heads[task_id](self.backbone, batch)
 
+    def export_meta(self) -> dict[str, dict]:
+        """``{task id: task.export_meta()}``, written by ``checkpoint.save`` into every model
+        file. A model rebuilt from a file keeps that file's (``saved_meta``): its training
+        data may be gone, and the saved values are the ones its weights were trained with."""
+        saved = getattr(self, "saved_meta", None) or {}
+        out = {}
+        for tid, task in self.tasks.items():
+            meta = saved.get(tid) or task.export_meta()
+            if meta:
+                out[tid] = meta
+        return out
+
 
 # what must agree for pretrained weights to mean the same thing here (keys and shapes cannot
 # tell a 4-head from a 2-head attention, nor Pre-LN from Post-LN weights)

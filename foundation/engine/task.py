@@ -41,6 +41,11 @@ The pieces and why they are shaped so:
   correct / total, WER = errors / words, mIoU from per-class intersections and unions),
   so every metric is exact under data parallelism.
 * ``primary_metric`` / ``higher_is_better`` decide the best checkpoint.
+* Using a trained model (``foundation predict``, ``foundation.load_predictor``): every model
+  file holds ``export_meta()`` of each task (class names, image statistics, a tokenizer's
+  bytes: JSON values or bytes), so that ``predictor(head, backbone, meta, device)`` can turn
+  a user's files into records with no data folder (``foundation.engine.predict``). A task
+  without a predictor leaves both out.
 """
 from __future__ import annotations
 
@@ -104,6 +109,20 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def metrics(self, totals: Mapping[str, torch.Tensor]) -> dict[str, float]:
         """Metrics from sums over the whole evaluation set; must contain ``primary_metric``."""
+
+    def export_meta(self) -> dict[str, Any]:
+        """What this task's predictor needs beyond the weights and the config, from the
+        training data (class names, a tokenizer's bytes ...): JSON values or ``bytes``.
+        Written into every model file the run saves, so keep it cheap (cache it)."""
+        return {}
+
+    def predictor(self, head: nn.Module, backbone: nn.Module, meta: Mapping[str, Any], device: torch.device) -> Any:
+        """A ``foundation.engine.predict.Predictor`` around the trained ``head`` and
+        ``backbone``; ``meta`` is what ``export_meta`` saved."""
+        from foundation.engine.predict import NoPredictor
+
+        raise NoPredictor(f"task {self.name!r} has no predictor: foundation predict serves tasks that map a "
+                          "user's file to an answer (classification, segmentation, asr, vqa, nlvr2)")
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:

@@ -288,6 +288,18 @@ class ASR(Task):
         self._hyps += list(zip(names, batch["ids"], batch["texts"], hyps))
         return split_sums(self.cfg.eval_splits, splits, batch["texts"], hyps, loss)
 
+    def export_meta(self) -> dict:
+        """The sentencepiece model itself and the feature and decoding settings (the CMVN
+        statistics are buffers of the head, so they travel with the weights)."""
+        c = self.cfg
+        return dict(tokenizer=self.tokenizer.data, sample_rate=c.sample_rate, num_mel_bins=c.num_mel_bins,
+                    beam_search=c.beam_search, max_symbols_per_frame=c.max_symbols_per_frame)
+
+    def predictor(self, head, backbone, meta, device):
+        from tasks.asr.predict import ASRPredictor
+
+        return ASRPredictor(self, head, backbone, meta, device)
+
     def metrics(self, totals) -> dict[str, float]:
         if self.cfg.hyp_dir:
             self._write_hyps(Path(self.cfg.hyp_dir))

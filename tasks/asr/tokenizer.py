@@ -2,7 +2,8 @@
 
 The model is trained on the training transcripts (unigram, as ESPnet's LibriSpeech
 recipes: 5000 units) and written once next to the data; a checksum of the model file is
-kept in the checkpoint so that decoding with another tokenizer fails loudly.
+kept in the checkpoint so that decoding with another tokenizer fails loudly, and the model
+itself travels in every model file of the run (for ``foundation predict``).
 """
 from __future__ import annotations
 
@@ -47,9 +48,11 @@ class Tokenizer:
     """``encode(text, utt)`` -> unit ids (1..V), ``decode(ids)`` -> text; ``size`` counts
     the blank too (the model's output size)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, data: bytes | None = None):
+        """From the model file at ``path``, or from its bytes (``path`` then only names it)."""
         self.path = Path(path)
-        data = self.path.read_bytes()
+        data = self.path.read_bytes() if data is None else data
+        self.data = data
         self.crc = zlib.crc32(data)
         self.sp = spm.SentencePieceProcessor(model_proto=data)
         self.size = self.sp.get_piece_size() + 1

@@ -29,8 +29,8 @@ from torch import nn
 
 from foundation.config import BackboneConfig, ConfigError
 from foundation.engine.task import Task, register_task
-from tasks.classification.data import (ImageDataError, ImageFolderDataset, TransformConfig, build_transform,
-                                       check_root, find_classes)
+from tasks.classification.data import (MEAN, STD, ImageDataError, ImageFolderDataset, TransformConfig,
+                                       build_transform, check_root, find_classes)
 from tasks.classification.metrics import classification_metrics, topk_sums
 from tasks.classification.model import ClassificationHead, load_front_end
 
@@ -155,3 +155,20 @@ class Classification(Task):
 
     def metrics(self, totals) -> dict[str, float]:
         return classification_metrics(totals)
+
+    def export_meta(self) -> dict:
+        """Class names (the output order: the sorted train folders) and the evaluation transform."""
+        if getattr(self, "_meta", None) is None:
+            c = self.cfg
+            try:
+                classes = find_classes(c.data_dir)
+            except ImageDataError as e:
+                raise ConfigError(f"field 'data_dir': {e}") from None
+            self._meta = dict(classes=classes, img_size=c.img_size, crop_pct=c.crop_pct,
+                              interpolation=c.interpolation, mean=list(MEAN), std=list(STD))
+        return self._meta
+
+    def predictor(self, head, backbone, meta, device):
+        from tasks.classification.predict import ClassificationPredictor
+
+        return ClassificationPredictor(self, head, backbone, meta, device)

@@ -67,3 +67,8 @@ class NLVR2(VLTask):
 
     def metrics(self, totals) -> dict[str, float]:
         return nlvr2_metrics(totals)
+
+    def predictor(self, head, backbone, meta, device):
+        from tasks.nlvr2.predict import NLVR2Predictor
+
+        return NLVR2Predictor(self, head, backbone, meta, device)

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from foundation.config import ConfigError
 from foundation.engine.task import Task, register_task
-from tasks.segmentation.data import (SegDataset, TrainCollate, ade20k, check_layout, class_names, eval_collate,
-                                     eval_pipeline, train_pipeline)
+from tasks.segmentation.data import (ADE_PALETTE, MEAN, STD, SegDataset, TrainCollate, ade20k, check_layout,
+                                     class_names, eval_collate, eval_pipeline, train_pipeline)
 from tasks.segmentation.metrics import iou_sums, seg_metrics
 from tasks.segmentation.model import UperNetHead
 from tasks.segmentation.pretrained import FRONT_END, load_vit_weights
@@ -143,9 +143,13 @@ class Segmentation(Task):
             return self._train_collate(samples)
         return eval_collate(samples)
 
+    @property
+    def stride(self) -> int:
+        return self.cfg.test_stride or max(1, self.cfg.img_size * 2 // 3)
+
     def eval_step(self, head: UperNetHead, backbone, batch) -> dict[str, torch.Tensor]:
         c = self.cfg
-        stride = c.test_stride or max(1, c.img_size * 2 // 3)
+        stride = self.stride
         totals: dict[str, torch.Tensor] = {}
         for i in range(batch["images"].shape[0]):
             h, w = batch["img_shape"][i].tolist()
@@ -159,3 +163,17 @@ class Segmentation(Task):
 
     def metrics(self, totals) -> dict[str, float]:
         return seg_metrics(totals, class_names(self.cfg.num_classes))
+
+    def export_meta(self) -> dict:
+        """Class names and palette, the label values (ADE20k's: index + 1), the test-time
+        resize and normalisation, and whole / sliding-window inference with its sizes."""
+        c = self.cfg
+        return dict(classes=[n.strip() for n in class_names(c.num_classes)],  # mmseg's list has 'bed '
+                    palette=[list(p) for p in ADE_PALETTE[:c.num_classes]],
+                    label_offset=1, scale=c.img_size, mean=list(MEAN), std=list(STD), mode=c.test_mode,
+                    crop=c.img_size, stride=self.stride)
+
+    def predictor(self, head, backbone, meta, device):
+        from tasks.segmentation.predict import SegmentationPredictor
+
+        return SegmentationPredictor(self, head, backbone, meta, device)

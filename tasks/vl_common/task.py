@@ -128,13 +128,29 @@ class VLTask(Task):
                                c.train_color_jitter)
 
     def embedding_settings(self) -> dict[str, Any]:
-        tok = self.tokenizer
-        vocab = self.cfg.vocab_size or tok.size
-        if vocab < tok.size:
-            raise ConfigError(f"field 'vocab_size': {vocab} rows cannot hold the tokenizer's {tok.size} ids")
+        c = self.cfg
+        if c.vocab_size is not None and c.tokenizer == "sentencepiece" and not Path(c.spm_model or "").is_file():
+            # a trained model rebuilt from its file elsewhere: the embedding's size is in the
+            # config and the sentencepiece model in the file's metadata (check() insists on the file)
+            vocab = c.vocab_size
+        else:
+            tok = self.tokenizer
+            vocab = c.vocab_size or tok.size
+            if vocab < tok.size:
+                raise ConfigError(f"field 'vocab_size': {vocab} rows cannot hold the tokenizer's {tok.size} ids")
         return dict(tokenizer=self.cfg.tokenizer, spm_model=self.cfg.spm_model, vocab_size=vocab,
                     img_size=self.cfg.img_size, patch_size=self.cfg.patch_size,
                     text_positions=self.cfg.text_positions, dim=self.backbone_cfg.dim)
+
+    def export_meta(self) -> dict[str, Any]:
+        """The text tokenizer (its name; a sentencepiece model's bytes) and the evaluation
+        image transform's settings, for ``foundation predict``."""
+        c = self.cfg
+        meta = dict(tokenizer=c.tokenizer, max_text_len=c.max_text_len, img_size=c.img_size,
+                    image_mean=list(c.image_mean), image_std=list(c.image_std))
+        if c.tokenizer == "sentencepiece":
+            meta["spm_model"] = Path(c.spm_model).read_bytes()
+        return meta
 
     def check(self) -> None:
         experts = list(self.backbone_cfg.experts)
@@ -142,6 +158,7 @@ class VLTask(Task):
             raise ConfigError(f"field 'backbone.experts': {self.name} is a BEiT-3 task: its image and text tokens "
                               f"take the experts {list(EXPERTS)} (BEiT-3), or the shared layers of a backbone "
                               f"without experts (got {self.backbone_cfg.experts!r})")
+        self.tokenizer  # noqa: B018  (a missing spm_model is an error here, even with vocab_size set)
         self.embedding_settings()
         if self.cfg.pretrained is not None and not Path(self.cfg.pretrained).is_file():
             raise ConfigError(f"field 'pretrained': file not found: {self.cfg.pretrained}")

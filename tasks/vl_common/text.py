@@ -70,10 +70,14 @@ class OpenCLIPTokenizer(Tokenizer):
 class SentencePieceTokenizer(Tokenizer):
     OFFSET = 1  # fairseq's dictionary puts <s>, <pad>, </s>, <unk> first
 
-    def __init__(self, model_file: str | Path):
+    def __init__(self, model_file: str | Path | None = None, model_proto: bytes | None = None):
+        """From the model file, or from its bytes (as a model file of a run carries them)."""
         import sentencepiece as spm
 
-        self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        if model_proto is not None:
+            self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        else:
+            self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
         self.bos_id, self.pad_id, self.eos_id, self.unk_id = 0, 1, 2, 3
         n = self.sp.get_piece_size()
         self.mask_id, self.size, self.first_piece = n + self.OFFSET, n + self.OFFSET + 1, 4

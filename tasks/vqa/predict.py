@@ -1,6 +1,9 @@
-"""Answer the questions of a VQA split with a trained checkpoint and write the official
-results file (``[{"question_id": int, "answer": str}, ...]``, what the VQA evaluation
-server takes); when the split has annotations, also print its official accuracy.
+"""VQA with a trained model: ``VQAPredictor`` answers a question about the user's images
+(``foundation predict RUN image.jpg --question "..."``: the top answers with their sigmoid
+scores), and ``predict_split`` answers the questions of a VQA split and writes the
+official results file (``[{"question_id": int, "answer": str}, ...]``, what the VQA
+evaluation server takes); when the split has annotations, it also prints its official
+accuracy.
 
     python -m tasks.vqa.predict checkpoints/vqa-tiny-magneto --split val2014 --out vqa_val2014_results.json
     python -m tasks.vqa.predict RUN_DIR --split test-dev2015 --data-dir /data/coco --out test-dev_results.json
@@ -18,6 +21,29 @@ import torch
 
 from foundation.checkpoint import CheckpointError
 from foundation.config import ConfigError
+from tasks.vl_common.predict import VLPredictor
+
+
+class VQAPredictor(VLPredictor):
+    """image + question -> the top-k answers of the model's answer vocabulary."""
+
+    required = ("question",)
+    default_batch_size = 32
+
+    def load(self, source, **_) -> torch.Tensor:
+        return self.image(source)
+
+    def predict(self, items, question: str = "", top_k: int = 5, **_) -> list[dict]:
+        batch = {"images": torch.stack(items).to(self.device), **self.text(question, len(items), "question")}
+        scores = self.head.logits(self.backbone, batch).float().sigmoid()  # trained with binary cross-entropy
+        answers = self.meta["answers"]
+        top, index = scores.topk(min(top_k, len(answers)), dim=-1)
+        return [{"question": question, "answers": [{"answer": answers[i], "score": s}
+                                                   for i, s in zip(idx.tolist(), sc.tolist())]}
+                for idx, sc in zip(index, top)]
+
+    def describe(self, record) -> str:
+        return ", ".join(f"{a['answer']} {a['score']:.3f}" for a in record["answers"])
 
 
 def predict_split(checkpoint: str, split: str, *, task_id: str | None = None, data_dir: str | None = None,

@@ -123,3 +123,11 @@ class VQA(VLTask):
 
     def metrics(self, totals) -> dict[str, float]:
         return vqa_metrics(totals)
+
+    def export_meta(self) -> dict:
+        return {**super().export_meta(), "answers": list(self.cfg.answers)}
+
+    def predictor(self, head, backbone, meta, device):
+        from tasks.vqa.predict import VQAPredictor
+
+        return VQAPredictor(self, head, backbone, meta, device)

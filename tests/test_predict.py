@@ -1,0 +1,382 @@
+"""Using a trained model: for every task, a tiny run trained a few steps, its best/ copied
+elsewhere and the training data deleted, then `foundation predict` (a subprocess) and
+`foundation.load_predictor` on files the data never held; bad inputs fail with one line
+naming the file."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+from PIL import Image
+
+from foundation import checkpoint
+from foundation.engine.loop import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROOT = Path(__file__).resolve().parents[1]
+# every run: the shipped tiny config of its task, shrunk to a couple of steps of a tiny model
+TINY = ["backbone.dim=16", "backbone.depth=1", "backbone.heads=2", "backbone.ffn_dim=32", "train.steps=2",
+        "eval.every=0", "eval.max_batches=1", "eval.batch_size=4", "save.every=0", "log.progress=false",
+        "log.tensorboard=false", "device=cpu", "schedule.warmup_steps=1"]
+
+
+def trained_copy(tmp: Path, data: Path, config: str, *overrides: str) -> Path:
+    """Train ``configs/<config>`` briefly, copy best/ to a fresh folder, delete the data and the run."""
+    from foundation.engine.config import load_config
+
+    cfg, specs = load_config(ROOT / "configs" / config, TINY + [f"output_dir={tmp / 'runs'}", *overrides])
+    result = train(cfg, specs)
+    assert result.status == "finished", result.message
+    best, last = (checkpoint.read_meta(d / "model.safetensors")
+                  for d in (result.run_dir / "best", result.last_checkpoint))
+    assert best and last == best  # every model file of the run carries it
+    copy = tmp / "elsewhere" / result.run_dir.name
+    shutil.copytree(result.run_dir / "best", copy)
+    shutil.rmtree(data)
+    shutil.rmtree(result.run_dir)
+    return copy
+
+
+def cli(*args: str, expect: int = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "foundation.cli", "predict", *args], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == expect, done.stderr
+    return done
+
+
+def json_lines(done: subprocess.CompletedProcess) -> list[dict]:
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def picture(path: Path, size: tuple[int, int] = (40, 30), seed: int = 0) -> Path:
+    """An image the demo data never held: noise over a gradient."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    base = np.linspace(0, 255, w)[None, :, None] * np.ones((h, 1, 3))
+    Image.fromarray(np.clip(base + rng.normal(0, 40, (h, w, 3)), 0, 255).astype(np.uint8)).save(path)
+    return path
+
+
+# --------------------------------------------------------------------------- classification
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory) -> Path:
+    from tasks.classification.demo import write_dataset
+
+    tmp = tmp_path_factory.mktemp("cls")
+    data = tmp / "data"
+    write_dataset(data, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
+    classes = sorted(p.name for p in (data / "train").iterdir())
+    copy = trained_copy(tmp, data, "vision/tiny_finetune_magneto.yaml", "init_from=null", "train.batch_size=4",
+                        f"tasks.classification.data_dir={data}", "tasks.classification.num_classes=3",
+                        "tasks.classification.img_size=16")
+    assert checkpoint.read_meta(copy / "model.safetensors")["classification"]["classes"] == classes
+    return copy
+
+
+def test_classification_cli_and_python(classifier, tmp_path):
+    a, b = picture(tmp_path / "a.png"), picture(tmp_path / "b.jpg", (23, 50), seed=1)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    shutil.copy(a, folder / "c.png")
+    done = cli(str(classifier), str(a), str(folder), "--json", "--top-k", "2")
+    records = json_lines(done)
+    assert [r["input"] for r in records] == [str(a), str(folder / "c.png")]
+    classes = checkpoint.read_meta(classifier / "model.safetensors")["classification"]["classes"]
+    for r in records:
+        assert len(r["top5"]) == 2 and {x["label"] for x in r["top5"]} <= set(classes)
+        assert r["top5"][0]["score"] >= r["top5"][1]["score"]
+    assert records[0]["top5"] == records[1]["top5"]  # the same picture
+
+    from foundation import load_predictor
+
+    p = load_predictor(classifier / "model.safetensors", device="cpu")
+    one = p(str(a))
+    assert one["input"] == str(a) and len(one["top5"]) == 3  # all 3 classes (fewer than 5)
+    assert sum(x["score"] for x in one["top5"]) == pytest.approx(1.0, abs=1e-5)
+    assert [x["label"] for x in one["top5"][:2]] == [x["label"] for x in records[0]["top5"]]
+    many = p([str(a), str(b)], batch_size=1)
+    assert [r["input"] for r in many] == [str(a), str(b)] and many[0]["top5"] == one["top5"]
+
+    readable = cli(str(classifier), str(b)).stdout.strip()
+    assert readable.startswith(f"{b}: ") and readable.count(",") == 2
+
+
+def test_bad_inputs_name_the_file(classifier, tmp_path):
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    sound = tmp_path / "speech.wav"
+    sf.write(sound, np.zeros(1600, np.float32), 16000)
+    good = picture(tmp_path / "good.png")
+    done = cli(str(classifier), str(empty), str(good), str(sound), str(tmp_path / "missing.png"), "--json", expect=1)
+    assert [r["input"] for r in json_lines(done)] == [str(good)]  # the good one still predicted
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 3 and all(line.startswith("foundation predict: error: ") for line in errors)
+    for path, line in zip((empty, sound, tmp_path / "missing.png"), errors):
+        assert str(path) in line
+    assert "not an image" in errors[1]
+
+    from foundation import load_predictor
+    from foundation.engine.predict import InputError
+
+    with pytest.raises(InputError, match="speech.wav: not an image"):
+        load_predictor(classifier, device="cpu")(str(sound))
+
+
+def test_model_files_without_a_predictor_are_refused(tmp_path, capsys):
+    from foundation.cli import main
+    from foundation.engine.model import ModelConfig, MultiTaskModel
+    from foundation.config import BackboneConfig
+
+    backbone = BackboneConfig(dim=16, depth=1, heads=2, ffn_dim=32, arch="encoder_decoder")
+    model = MultiTaskModel(ModelConfig(backbone=backbone, tasks=[{"name": "seq2seq", "problem": "reverse"}]))
+    checkpoint.save(model, tmp_path / "s2s.safetensors")
+    image = picture(tmp_path / "x.png")
+    assert main(["predict", str(tmp_path / "s2s.safetensors"), str(image)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "seq2seq" in err and "has a predictor" in err
+    checkpoint.save(model.backbone, tmp_path / "backbone.safetensors")
+    assert main(["predict", str(tmp_path / "backbone.safetensors"), str(image)]) == 2
+    assert "holds a Backbone" in capsys.readouterr().err
+    assert main(["predict", str(tmp_path / "nothing"), str(image)]) == 2
+    assert "nothing" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- segmentation
+
+
+@pytest.fixture(scope="module")
+def segmenter(tmp_path_factory) -> Path:
+    from tasks.segmentation import demo
+
+    tmp = tmp_path_factory.mktemp("seg")
+    data = tmp / "ade"
+    demo.write(data, seed=0, n_train=4, n_val=1, height=24, width=32)
+    return trained_copy(tmp, data, "segmentation/tiny_magneto.yaml", "train.batch_size=2",
+                        f"tasks.segmentation.data_root={data}", "tasks.segmentation.img_size=16",
+                        "tasks.segmentation.out_indices=[0,0,0,0]", "tasks.segmentation.channels=8",
+                        "tasks.segmentation.aux_channels=4", "tasks.segmentation.test_stride=8")
+
+
+def test_segmentation_writes_mask_and_overlay(segmenter, tmp_path):
+    image = picture(tmp_path / "street.jpg", (37, 26))
+    out = tmp_path / "out"
+    [record] = json_lines(cli(str(segmenter), str(image), "--out", str(out), "--json"))
+    assert record["mask"] == str(out / "street_mask.png") and record["overlay"] == str(out / "street_overlay.png")
+    mask = Image.open(record["mask"])
+    assert mask.mode == "P" and mask.size == (37, 26)
+    values = np.asarray(mask)
+    assert values.min() >= 1 and values.max() <= 8  # ADE20k ids of the 8 demo classes
+    from tasks.segmentation.data import ADE_PALETTE
+
+    assert mask.getpalette()[3:6] == list(ADE_PALETTE[0])  # id 1 (wall) in wall's colour
+    assert np.asarray(Image.open(record["overlay"])).shape == (26, 37, 3)
+    assert sum(a["fraction"] for a in record["areas"]) == pytest.approx(1.0, abs=1e-3)
+
+    from foundation import load_predictor
+
+    p = load_predictor(segmenter, device="cpu")
+    again = p(str(image), out=tmp_path / "py")
+    assert np.array_equal(np.asarray(Image.open(again["mask"])), values)  # sliding window, as trained
+    for sub in ("a", "b"):  # same names from two folders: both kept
+        (tmp_path / sub).mkdir()
+        shutil.copy(image, tmp_path / sub / "x.jpg")
+    both = p([str(tmp_path / "a/x.jpg"), str(tmp_path / "b/x.jpg")], out=tmp_path / "dup")
+    assert [Path(r["mask"]).name for r in both] == ["x_mask.png", "x_2_mask.png"]
+
+
+# --------------------------------------------------------------------------- speech recognition
+
+
+@pytest.fixture(scope="module")
+def recognizer(tmp_path_factory) -> Path:
+    from tasks.asr.demo import VOICES, make_corpus
+
+    tmp = tmp_path_factory.mktemp("asr")
+    data = tmp / "speech"
+    make_corpus(data, seed=3, utts_per_voice={"train": 2, "dev": 1, "test": 1}, n_dev_voices=1, n_test_voices=1,
+                voices=VOICES[:3], sentences=["GO LEFT", "STOP NOW", "OPEN THE DOOR"])
+    return trained_copy(tmp, data, "asr/tiny_magneto.yaml", f"tasks.asr.data_dir={data}", "tasks.asr.vocab_size=12",
+                        "tasks.asr.eval_splits=[dev]", "tasks.asr.vgg_channels=[4,8]",
+                        "tasks.asr.predictor_embed_dim=16", "tasks.asr.predictor_dim=16", "tasks.asr.joint_dim=16",
+                        "tasks.asr.aux_layers=[0]", "tasks.asr.aux_mlp_dim=16", f"tasks.asr.hyp_dir={tmp / 'hyp'}")
+
+
+def tone(rate: int, seconds: float = 1.3) -> np.ndarray:
+    """A band-limited signal (a 220 Hz tone, smoothly pulsing), the same at any sample rate."""
+    t = np.arange(int(seconds * rate)) / rate
+    return (0.3 * np.sin(2 * np.pi * 220 * t) * (0.5 + 0.5 * np.sin(2 * np.pi * 3 * t))).astype(np.float32)
+
+
+def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
+    x = tone(44100)
+    wav = tmp_path / "user.wav"
+    sf.write(wav, np.stack([1.5 * x, 0.5 * x], axis=1), 44100)  # stereo; mixed down: x
+    flac = tmp_path / "user.flac"
+    sf.write(flac, tone(22050), 22050, format="FLAC")
+    records = json_lines(cli(str(recognizer), str(wav), str(flac), "--json"))
+    assert [r["input"] for r in records] == [str(wav), str(flac)]
+    assert all(isinstance(r["text"], str) for r in records)
+    assert records[0]["seconds"] == pytest.approx(1.3, abs=1e-3)
+
+    from foundation import load_predictor
+
+    p = load_predictor(recognizer, device="cpu")
+    one = p(str(wav))
+    assert one["text"] == records[0]["text"]
+    assert isinstance(p(str(wav), beam=2)["text"], str)
+    # what the model hears: the 44.1 kHz stereo file mixed down and resampled gives the
+    # filterbanks of the same signal recorded at 16 kHz mono
+    sf.write(tmp_path / "mono16k.wav", tone(16000), 16000)
+    ours, direct = (p.load(str(f))["feats"][0] for f in (wav, tmp_path / "mono16k.wav"))
+    assert ours.shape == direct.shape
+    assert ((ours.exp() - direct.exp()).abs().sum() / direct.exp().sum()) < 0.02
+    # long audio in pieces: 1.3 s cut into pieces of at most 0.5 s
+    assert len(p.load(str(wav), chunk_seconds=0.5)["feats"]) == 3
+    assert p(str(wav), chunk_seconds=0.5)["seconds"] == pytest.approx(1.3, abs=1e-3)
+
+    from foundation.engine.predict import InputError
+
+    image = picture(tmp_path / "photo.png")
+    with pytest.raises(InputError, match="photo.png: not an audio file"):
+        p(str(image))
+    done = cli(str(recognizer), str(image), expect=1)
+    assert done.stdout == "" and str(image) in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_long_audio_is_read_in_bounded_pieces(tmp_path):
+    from tasks.asr.predict import audio_pieces
+
+    rate = 8000
+    audio = np.random.default_rng(0).normal(0, 0.1, 5 * rate).astype(np.float32)
+    audio[int(1.9 * rate):int(1.95 * rate)] = 0.0  # a pause near the end of the first 2 s window
+    sf.write(tmp_path / "long.wav", np.stack([audio, audio], axis=1), rate)
+    pieces = list(audio_pieces(tmp_path / "long.wav", 16000, chunk_seconds=2.0))
+    assert len(pieces) == 3 and all(seconds <= 2.0 for _, seconds in pieces)
+    assert 1.9 <= pieces[0][1] <= 1.95  # cut in the pause
+    assert sum(seconds for _, seconds in pieces) == pytest.approx(5.0)
+    assert sum(len(wav) for wav, _ in pieces) == pytest.approx(5 * 16000, abs=3)  # resampled to 16 kHz
+
+
+def test_quietest_cut_lands_in_the_pause():
+    from tasks.asr.predict import quietest_cut
+
+    rate = 1000
+    audio = np.ones(1000, np.float32)
+    audio[880:900] = 0.0
+    assert 880 <= quietest_cut(audio, rate) < 900
+
+
+# --------------------------------------------------------------------------- VQA and NLVR2
+
+
+@pytest.fixture(scope="module")
+def vl_runs(tmp_path_factory) -> dict[str, Path]:
+    from tasks.vqa.demo import write_dataset
+
+    tmp = tmp_path_factory.mktemp("vl")
+    data = tmp / "vl"
+    write_dataset(data, seed=1, image_size=32, vqa_train=6, vqa_val=3, questions_per_image=2, nlvr2_train=4,
+                  nlvr2_dev=2, text_lines=20)
+    front = ["img_size=32", "patch_size=8", "max_text_len=16", "text_positions=16"]
+    vqa = trained_copy(tmp, data / "vqa", "vl/tiny_vqa_magneto.yaml", "train.batch_size=4",
+                       f"tasks.vqa.data_dir={data / 'vqa'}", *(f"tasks.vqa.{f}" for f in front))
+    # NLVR2 with a sentencepiece tokenizer (BEiT-3's kind) that lives in the data folder: the
+    # model file must carry it
+    spm_model, pieces = sentencepiece_model(data / "nlvr2")
+    nlvr2 = trained_copy(tmp, data / "nlvr2", "vl/tiny_nlvr2_magneto.yaml", "train.batch_size=4",
+                         f"tasks.nlvr2.data_dir={data / 'nlvr2'}", *(f"tasks.nlvr2.{f}" for f in front),
+                         "tasks.nlvr2.tokenizer=sentencepiece", f"tasks.nlvr2.spm_model={spm_model}",
+                         f"tasks.nlvr2.vocab_size={pieces + 2}")
+    return {"vqa": vqa, "nlvr2": nlvr2}
+
+
+def sentencepiece_model(nlvr2: Path) -> tuple[Path, int]:
+    import io
+
+    import sentencepiece as spm
+
+    sentences = [json.loads(line)["sentence"] for line in (nlvr2 / "data/train.json").read_text().splitlines()]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences * 4), model_writer=buf, vocab_size=40,
+                                   model_type="char", hard_vocab_limit=False, minloglevel=2, num_threads=1)
+    path = nlvr2 / "text.spm"
+    path.write_bytes(buf.getvalue())
+    return path, spm.SentencePieceProcessor(model_proto=buf.getvalue()).get_piece_size()
+
+
+def test_vqa_answers_a_question(vl_runs, tmp_path):
+    image = picture(tmp_path / "scene.png", (32, 32))
+    [record] = json_lines(cli(str(vl_runs["vqa"]), str(image), "--question", "what color is the cube?", "--json",
+                              "--top-k", "3"))
+    answers = checkpoint.read_meta(vl_runs["vqa"] / "model.safetensors")["vqa"]["answers"]
+    assert record["input"] == str(image) and len(record["answers"]) == min(3, len(answers))
+    assert {a["answer"] for a in record["answers"]} <= set(answers)
+    assert all(0 <= a["score"] <= 1 for a in record["answers"])
+
+    from foundation import load_predictor
+
+    p = load_predictor(vl_runs["vqa"], device="cpu")
+    assert p(str(image), question="what color is the cube?", top_k=3)["answers"] == record["answers"]
+    from foundation.engine.predict import InputError
+
+    with pytest.raises(InputError, match="'question'"):
+        p(str(image))
+    done = cli(str(vl_runs["vqa"]), str(image), expect=2)
+    assert "--question" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_nlvr2_judges_a_pair(vl_runs, tmp_path):
+    left, right = picture(tmp_path / "l.png", (32, 32)), picture(tmp_path / "r.png", (32, 32), seed=2)
+    [record] = json_lines(cli(str(vl_runs["nlvr2"]), str(left), str(right), "--sentence", "there is a red cube",
+                              "--json"))
+    assert record["input"] == [str(left), str(right)]
+    assert isinstance(record["label"], bool) and 0.5 <= record["score"] <= 1
+
+    spm = checkpoint.read_meta(vl_runs["nlvr2"] / "model.safetensors")["nlvr2"]["spm_model"]
+    assert isinstance(spm, bytes) and len(spm) > 100  # the sentencepiece model, its file deleted with the data
+
+    from foundation import load_predictor
+
+    p = load_predictor(vl_runs["nlvr2"], device="cpu")
+    again = p((str(left), str(right)), sentence="there is a red cube")
+    assert again["label"] == record["label"] and again["score"] == pytest.approx(record["score"], abs=1e-5)
+    from foundation.engine.predict import InputError
+
+    with pytest.raises(InputError, match="pairs"):
+        p([str(left), str(right), str(left)], sentence="x")
+    done = cli(str(vl_runs["nlvr2"]), str(left), str(right), expect=2)
+    assert "--sentence" in done.stderr
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_load_needs_no_import(classifier):
+    """`checkpoint.load` of a run's file in a fresh interpreter that imported nothing else."""
+    code = ("from foundation import checkpoint; m = checkpoint.load(r'%s'); "
+            "from tasks.classification.model import to_vit; v = to_vit(m); print(type(m).__name__, type(v).__name__)"
+            % (classifier / "model.safetensors"))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["MultiTaskModel", "VisionTransformer"]
+
+
+def test_a_loaded_model_saves_its_metadata_again(classifier, tmp_path):
+    model = checkpoint.load(classifier / "model.safetensors")
+    checkpoint.save(model, tmp_path / "again.safetensors")
+    again = checkpoint.read_meta(tmp_path / "again.safetensors")
+    assert again == checkpoint.read_meta(classifier / "model.safetensors")
+    torch.testing.assert_close(checkpoint.load(tmp_path / "again.safetensors").state_dict(), model.state_dict())
