@@ -458,3 +458,15 @@ def test_backbone_section_derives_its_own_defaults():
     cfg, _ = resolve({"backbone": {"dim": 32, "depth": 2, "heads": 4, "ffn_dim": 48, "arch": "encoder_decoder"},
                       "tasks": [{"name": "seq2seq", "vocab_size": 16}]}, check_data=False)
     assert cfg.backbone.ffn_dim == 48
+
+
+def test_known_tasks_are_tasks_not_common_packages():
+    from foundation.engine.task import known_tasks
+
+    names = known_tasks()
+    assert {"classification", "asr", "vqa", "segmentation"} <= set(names)
+    assert not [n for n in names if n.endswith("_common")], names
+    with pytest.raises(ConfigError, match="known tasks: .*classification") as e:
+        from foundation.engine.task import get_task
+        get_task("no_such_task")
+    assert "vl_common" not in str(e.value)

@@ -148,7 +148,8 @@ def known_tasks() -> list[str]:
     names = set(TASKS)
     try:
         pkg = importlib.import_module(TASKS_PACKAGE)
-        names.update(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg)
+        # `*_common` packages hold what several tasks share; they are not tasks
+        names.update(m.name for m in pkgutil.iter_modules(pkg.__path__) if m.ispkg and not m.name.endswith("_common"))
     except ImportError:
         pass
     return sorted(names)
