@@ -1,6 +1,6 @@
 """``foundation demo``: Pre-LN against Magneto on every modality, from nothing, in minutes.
 
-    foundation demo                         # data/ + runs/demo, about 10 minutes on 2 CPU cores
+    foundation demo                         # data/ + runs/demo, at most 15 minutes on 2 idle CPU cores
     foundation demo --only vision,vqa       # a subset
     foundation demo --steps-scale 5         # 5x longer runs (closer to the README's tables)
 
@@ -10,8 +10,10 @@ runs (Pre-LN and Magneto, one seed, two runs at a time, one thread each); stage 
 one table and where the reports and curves are. Everything is an ordinary run directory
 under ``--out``: the same command again reuses what finished and resumes the rest.
 
-The runs are minutes long, so the numbers show that every path works and how the two
-rules start, not what they reach: the README's per-task tables are the longer runs.
+Each row shows, beside the two rules' numbers, what the metric is without learning
+(chance, the VQA answer prior computed from the data), so a reader sees whether the runs
+learnt. Stages start longest first (speech: two ~5-minute runs) so that the two threads
+finish together: about 14 minutes of training plus a minute of data generation.
 """
 from __future__ import annotations
 
@@ -40,19 +42,25 @@ class Stage:
     metric: str  # eval metric (without "eval/<task>/") shown in the summary
     scale: float  # shown as metric x scale: 100 for fractions, 1 for values already in % or losses
     overrides: tuple[str, ...] = ()
+    minutes: float = 1.0  # one run on one idle core, measured; longest stages start first
+    baseline: str = ""  # what the metric is without learning, shown beside it
+    # a task module with ``answer_prior(data_dir) -> fraction``: the baseline computed from the data
+    prior: str = ""
 
 
-# Steps chosen so that the whole demo takes about 10 minutes on 2 idle CPU cores
-# (measured times per stage in the README).
+# Steps chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two runs
+# at a time: 2 x (5.5 + 3 + 2 + 0.75 + 0.75) run-minutes on idle cores (`minutes`), ~12 min.
 STAGES = (
     Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 150,
-          "top1", 100, ("init_from=null",)),
+          "top1", 100, ("init_from=null",), minutes=3, baseline="chance 10.0"),
     Stage("segmentation", "segmentation (mIoU %)", "configs/segmentation/tiny_magneto.yaml", "segmentation", 100,
-          "mIoU", 1),
-    # 80 steps emit no words yet (WER 100 for both): the dev transducer loss tells them apart
-    Stage("asr", "speech recognition (dev RNN-T loss)", "configs/asr/tiny_magneto.yaml", "speech", 80, "loss", 1),
-    Stage("vqa", "VQA (accuracy %)", "configs/vl/tiny_vqa_magneto.yaml", "vl", 250, "vqa_accuracy", 100),
-    Stage("nlvr2", "NLVR2 (accuracy %)", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 200, "accuracy", 100),
+          "mIoU", 1, minutes=2, baseline="one class everywhere <= 12.5"),
+    Stage("asr", "speech recognition (test WER %, held-out voices, lower is better)", "configs/asr/tiny_magneto.yaml",
+          "speech", 1200, "wer_test", 1, minutes=5.5, baseline="nothing recognised 100"),
+    Stage("vqa", "VQA (accuracy %)", "configs/vl/tiny_vqa_magneto.yaml", "vl", 250, "vqa_accuracy", 100,
+          minutes=0.75, prior="tasks.vqa.prior"),
+    Stage("nlvr2", "NLVR2 (accuracy %)", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 200, "accuracy", 100,
+          minutes=0.75, baseline="chance 50.0"),
 )
 DATA_DIRS = {"vision": "vision-demo", "segmentation": "ade-demo", "speech": "speech-demo", "vl": "vl"}
 
@@ -86,14 +94,31 @@ def make_data(names: list[str], data: Path, say) -> None:
         say(f"  {name}: {out} ({time.perf_counter() - start:.0f} s)")
 
 
+def baseline(stage: Stage, data: Path) -> str:
+    """The stage's no-learning reference: its fixed text, or its prior computed from the data
+    (VQA: the most frequent training answer per question type, on the evaluation split)."""
+    if not stage.prior:
+        return stage.baseline or "-"
+    import importlib
+
+    root = data_overrides(stage, data)[0].split("=", 1)[1]
+    try:
+        value = importlib.import_module(stage.prior).answer_prior(root)
+    except (OSError, ValueError) as e:
+        return f"answer prior: {e}"
+    return f"answer prior {100 * value:.1f}"
+
+
 def summary_table(results: dict[str, dict]) -> str:
-    lines = ["| task | Pre-LN | Magneto | steps | training time (both runs) |", "|---|---|---|---|---|"]
+    lines = ["| task | Pre-LN | Magneto | without learning | steps | training time (both runs) |",
+             "|---|---|---|---|---|---|"]
     for stage in STAGES:
         r = results.get(stage.name)
         if r is None:
             continue
         cells = [r["values"].get(n, "-") for n in NORMS]
-        lines.append(f"| {stage.label} | {cells[0]} | {cells[1]} | {r['steps']} | {r['seconds']:.0f} s |")
+        lines.append(f"| {stage.label} | {cells[0]} | {cells[1]} | {r.get('baseline', '-')} | {r['steps']} | "
+                     f"{r['seconds']:.0f} s |")
     return "\n".join(lines)
 
 
@@ -166,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time.perf_counter() - t0
         if rc:
             say(f"  {stage.name}: failed (exit {rc}); see {out}/runs/")
-        results[stage.name] = read_result(stage, out, steps, seconds)
+        results[stage.name] = {**read_result(stage, out, steps, seconds), "baseline": baseline(stage, a.data)}
         say(f"  {stage.name}: done in {seconds:.0f} s -> {out}/report.md")
 
-    # stages run side by side; the runs of one stage one after the other
+    # stages run side by side, longest first; the runs of one stage one after the other
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        list(pool.map(run_stage, stages))
+        list(pool.map(run_stage, sorted(stages, key=lambda s: -s.minutes)))
 
     say(f"[3/3] summary ({time.perf_counter() - start:.0f} s in all)")
     table = summary_table(results)
@@ -179,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     (a.out / "summary.md").write_text(table + "\n")
     say(table)
     say(f"\nreports, curves (curves.png) and runs: {a.out}/<task>/; this table: {a.out}/summary.md")
-    say("short runs: they show the pipelines work, not final quality (README: the longer comparisons)")
+    say("'without learning': what the metric is for a model that learnt nothing (chance, the answer prior); "
+        "README: what each row reaches and its bar")
     return 0
 
 

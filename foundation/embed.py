@@ -31,6 +31,13 @@ class VGGSubsampling(nn.Module):
         )
         freq = -(-(-(-in_features // 2)) // 2)
         self.proj = nn.Linear(c2 * freq, dim)
+        # He init for the ReLU convs: PyTorch's default shrinks the signal ~3x per conv, so the
+        # backbone got frames of std ~0.04 (normalised features in), swamped by the first
+        # residual branches; ESPnet scales the same output by sqrt(dim) instead.
+        for m in self.convs:
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+                nn.init.zeros_(m.bias)
 
     @staticmethod
     def output_lengths(lengths: torch.Tensor) -> torch.Tensor:

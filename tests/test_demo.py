@@ -19,7 +19,8 @@ def test_demo_one_stage_from_nothing(tmp_path, capsys):
     assert len(rows) == 1
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert all(re.fullmatch(r"\d+\.\d", c) for c in cells[1:3]), rows  # a top-1 for Pre-LN and for Magneto
-    assert cells[3] == "3"  # 150 steps x 0.02
+    assert cells[3] == "chance 10.0"  # what a model that learnt nothing scores, beside the numbers
+    assert cells[4] == "3"  # 150 steps x 0.02
     # the same command again reuses the data and the finished runs
     rc = demo.main(["--only", "vision", "--steps-scale", "0.02", "--data", str(data), "--out", str(out), "--jobs", "1"])
     assert rc == 0 and "exists, reused" in capsys.readouterr().out
@@ -31,3 +32,24 @@ def test_demo_rejects_unknown_stage(capsys):
     with pytest.raises(SystemExit):
         demo.main(["--only", "vision,radar"])
     assert "radar" in capsys.readouterr().err
+
+
+def test_demo_shows_the_vqa_answer_prior_from_the_data(tmp_path):
+    import json
+
+    vqa = tmp_path / "vl" / "vqa"
+    vqa.mkdir(parents=True)
+
+    def write(split, rows):
+        anns = [{"question_id": i, "question_type": qt, "answer_type": at, "multiple_choice_answer": mc,
+                 "answers": [{"answer": a} for a in answers]} for i, (qt, at, mc, answers) in enumerate(rows)]
+        (vqa / f"v2_mscoco_{split}_annotations.json").write_text(json.dumps({"annotations": anns}))
+
+    write("train2014", [("what color is", "other", "red", []), ("what color is", "other", "red", []),
+                        ("what color is", "other", "blue", []), ("is there a", "yes/no", "yes", [])])
+    # seen type -> "red" (right); unseen type -> its answer type's most frequent training answer ("yes": wrong)
+    write("val2014", [("what color is", "other", "red", ["red"] * 10),
+                      ("held-out: does the picture", "yes/no", "no", ["no"] * 10)])
+    stage = next(s for s in demo.STAGES if s.name == "vqa")
+    assert demo.baseline(stage, tmp_path) == "answer prior 50.0"
+    assert demo.baseline(stage, tmp_path / "missing").startswith("answer prior: ")

@@ -18,6 +18,14 @@ def test_vgg_output_lengths_match_frames(frames):
     assert lengths[1].item() == short.shape[1]
 
 
+def test_vgg_keeps_the_scale_of_normalised_features():
+    # with PyTorch's default conv init the four ReLU convs shrank unit-variance (CMVN'd)
+    # features to std ~0.04, which the backbone's residual branches drowned (issue 20)
+    torch.manual_seed(0)
+    out, _ = VGGSubsampling(80, 144, (8, 32))(torch.randn(4, 200, 80))
+    assert 0.3 < out.std().item() < 3.0
+
+
 def test_vgg_rejects_wrong_feature_dim():
     with pytest.raises(ValueError, match=r"expected \(B, frames, 80\)"):
         VGGSubsampling(80, 32)(torch.randn(1, 10, 40))
