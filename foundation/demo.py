@@ -45,9 +45,9 @@ class Stage:
 # Steps chosen so that the whole demo takes about 10 minutes on 2 idle CPU cores
 # (measured times per stage in the README).
 STAGES = (
-    Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 150,
+    Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 900,
           "top1", 100, ("init_from=null",)),
-    Stage("segmentation", "segmentation (mIoU %)", "configs/segmentation/tiny_magneto.yaml", "segmentation", 100,
+    Stage("segmentation", "segmentation (mIoU %)", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400,
           "mIoU", 1),
     # 80 steps emit no words yet (WER 100 for both): the dev transducer loss tells them apart
     Stage("asr", "speech recognition (dev RNN-T loss)", "configs/asr/tiny_magneto.yaml", "speech", 80, "loss", 1),
