@@ -176,7 +176,10 @@ def seeded(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        # the CPU generator only: torch.manual_seed would also seed every CUDA device's
+        # generator (which fork_rng(devices=[]) does not restore) and, before CUDA is
+        # initialised, queue that call with a formatted stack trace - per item
+        torch.default_generator.manual_seed(seed)
         try:
             yield
         finally:
