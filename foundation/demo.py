@@ -45,7 +45,7 @@ class Stage:
 # Steps chosen so that the whole demo takes about 10 minutes on 2 idle CPU cores
 # (measured times per stage in the README).
 STAGES = (
-    Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 900,
+    Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 1100,
           "top1", 100, ("init_from=null",)),
     Stage("segmentation", "segmentation (mIoU %)", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400,
           "mIoU", 1),
