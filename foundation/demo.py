@@ -51,9 +51,9 @@ class Stage:
 # Steps chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two runs
 # at a time: 2 x (5.5 + 3 + 2 + 0.75 + 0.75) run-minutes on idle cores (`minutes`), ~12 min.
 STAGES = (
-    Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 150,
+    Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 1100,
           "top1", 100, ("init_from=null",), minutes=3, baseline="chance 10.0"),
-    Stage("segmentation", "segmentation (mIoU %)", "configs/segmentation/tiny_magneto.yaml", "segmentation", 100,
+    Stage("segmentation", "segmentation (mIoU %)", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400,
           "mIoU", 1, minutes=2, baseline="one class everywhere <= 12.5"),
     Stage("asr", "speech recognition (test WER %, held-out voices, lower is better)", "configs/asr/tiny_magneto.yaml",
           "speech", 1200, "wer_test", 1, minutes=5.5, baseline="nothing recognised 100"),

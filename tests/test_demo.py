@@ -20,7 +20,7 @@ def test_demo_one_stage_from_nothing(tmp_path, capsys):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert all(re.fullmatch(r"\d+\.\d", c) for c in cells[1:3]), rows  # a top-1 for Pre-LN and for Magneto
     assert cells[3] == "chance 10.0"  # what a model that learnt nothing scores, beside the numbers
-    assert cells[4] == "3"  # 150 steps x 0.02
+    assert cells[4] == str(round(demo.STAGES[0].steps * 0.02))  # the vision stage's steps x 0.02
     # the same command again reuses the data and the finished runs
     rc = demo.main(["--only", "vision", "--steps-scale", "0.02", "--data", str(data), "--out", str(out), "--jobs", "1"])
     assert rc == 0 and "exists, reused" in capsys.readouterr().out

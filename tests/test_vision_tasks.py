@@ -203,6 +203,32 @@ def test_classification_pipeline_is_timms(data, tmp_path):
     assert loss.ndim == 0 and torch.isfinite(loss)
 
 
+def test_pos_embed_init_sincos_starts_from_the_2d_table(data, tmp_path):
+    from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
+
+    task = {"name": "classification", "data_dir": str(data), "num_classes": 3, **IMAGE, "pos_embed_init": "sincos"}
+    cfg, specs = resolve(OmegaConf.create(config(tmp_path, "ft", task)))
+    head = specs[0].task(cfg.backbone).build_head()
+    assert torch.allclose(head.pos_embed[0, 1:], build_sincos2d_pos_embed([4, 4], 32))
+    assert head.pos_embed[0, 0].abs().max() < 0.1 and head.pos_embed.requires_grad  # class token row: 0.02 start
+    with pytest.raises(ConfigError, match="field 'pos_embed_init': must be one of trunc_normal, sincos"):
+        resolve(OmegaConf.create(config(tmp_path, "ft", {**task, "pos_embed_init": "zeros"})))
+
+
+def test_tiny_recipe_keeps_the_whole_object(data):
+    """The demo objects fill the frame: the tiny recipe's training transform only flips
+    (a RandomResizedCrop of half the area cuts the silhouette, i.e. the label)."""
+    cfg, specs = load_config(REPO / "configs" / "vision" / "tiny_finetune_magneto.yaml",
+                             ["init_from=null", f"tasks.classification.data_dir={data}",
+                              "tasks.classification.img_size=16", "tasks.classification.num_classes=3"])
+    dataset = specs[0].task(cfg.backbone).train_dataset()
+    image = dataset.load(0)[0].resize((16, 16))
+    x = dataset.transform(image)
+    ref = dataset.transform.transforms[-1](dataset.transform.transforms[-2](image))  # ToTensor, Normalize only
+    assert torch.allclose(x, ref, atol=1e-6) or torch.allclose(x, ref.flip(-1), atol=1e-6)
+    assert specs[0].task(cfg.backbone).mixup() is None and cfg.optim.layer_decay is None
+
+
 def test_config_errors_name_the_field(data, tokenizer, tmp_path):
     task = {"name": "classification", "data_dir": str(data), "num_classes": 5, **IMAGE}
     with pytest.raises(ConfigError, match="field 'num_classes': 5, but .* has 3 class folders"):

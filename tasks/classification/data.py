@@ -39,16 +39,12 @@ from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
 from foundation.config import ConfigError
-from tasks.vision_common.images import open_rgb
+from tasks.vision_common.images import ImageDataError, load_image, open_rgb  # noqa: F401 (re-exported)
 
 # what timm and torchvision read; ImageNet's own files are .JPEG
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 SPLITS = ("train", "val")
 MEAN, STD = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-
-
-class ImageDataError(ValueError):
-    """An image file or folder cannot be used; the message names it."""
 
 
 # --------------------------------------------------------------------------- the folders
@@ -94,18 +90,6 @@ def scan_split(root: str | Path, split: str, classes: Sequence[str]) -> list[tup
     if not samples:
         raise ImageDataError(f"{folder}: no class folders with images")
     return samples
-
-
-def load_image(path: str | Path, min_size: int = 1, modes: Counter | None = None) -> Image.Image:
-    """The RGB image at ``path`` (any PIL mode converted as ``vision_common.images.to_rgb``
-    says: 16-bit scaled down, alpha over white); ``ImageDataError`` naming the file if it
-    cannot be read (missing, unreadable, not an image, truncated) or is smaller than
-    ``min_size``. ``modes`` counts the file modes met."""
-    image = open_rgb(path, ImageDataError, modes)
-    if min(image.size) < min_size:
-        raise ImageDataError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels, smaller than "
-                             f"min_image_size={min_size}")
-    return image
 
 
 # --------------------------------------------------------------------------- transforms
@@ -175,7 +159,10 @@ def seeded(seed: int) -> Iterator[None]:
     with torch.random.fork_rng(devices=[]):
         random.seed(seed)
         np.random.seed(seed % 2**32)
-        torch.manual_seed(seed)
+        # the CPU generator only: torch.manual_seed would also seed every CUDA device's
+        # generator (which fork_rng(devices=[]) does not restore) and, before CUDA is
+        # initialised, queue that call with a formatted stack trace - per item
+        torch.default_generator.manual_seed(seed)
         try:
             yield
         finally:

@@ -9,7 +9,7 @@ classification head plus its backbone is a ``VisionTransformer`` state dict (see
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,21 +19,27 @@ from timm.loss import SoftTargetCrossEntropy
 from torch import nn
 
 from foundation.embed import PatchEmbed
+from tasks.vision_common.pos_embed import POS_INITS, init_pos_embed  # noqa: F401 (re-exported)
 
 FRONT_END = ("patch_embed.", "cls_token", "pos_embed")  # names (prefixes) of the front end's tensors
 
 
 class ImageEmbedding(nn.Module):
     """Pixels -> ``(B, 1 + H*W, D)`` tokens: timm's conv patchifier, a class token and a
-    learned absolute position embedding (ViT / BEiT v2 with ``use_abs_pos_emb``)."""
+    learned absolute position embedding (ViT / BEiT v2 with ``use_abs_pos_emb``).
 
-    def __init__(self, dim: int, img_size: int, patch_size: int, in_chans: int = 3):
+    ``pos_init``: ``trunc_normal`` (std 0.02, ViT / BEiT) or ``sincos`` (the patches' rows
+    start as timm's 2-D sin-cos table, std ~0.5, still learned: MAE / MoCo v3). From
+    scratch, Magneto's first block already outputs ~4x the embedding's scale (Sub-LN and
+    the gamma-scaled init), so a 0.02 position signal takes hundreds of steps to matter."""
+
+    def __init__(self, dim: int, img_size: int, patch_size: int, in_chans: int = 3, pos_init: str = "trunc_normal"):
         super().__init__()
         self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, dim))
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        init_pos_embed(self.pos_embed, self.patch_embed.grid_size, self.num_prefix_tokens, pos_init)
 
     num_prefix_tokens = 1
 
@@ -65,8 +71,8 @@ class ClassificationHead(ImageEmbedding):
 
     def __init__(self, dim: int, num_classes: int, img_size: int, patch_size: int, *, global_pool: str = "avg",
                  fc_norm: bool = True, head_init_scale: float = 0.001, label_smoothing: float = 0.1,
-                 mixup: Mixup | None = None, eps: float = 1e-5):
-        super().__init__(dim, img_size, patch_size)
+                 mixup: Mixup | None = None, eps: float = 1e-5, pos_init: str = "trunc_normal"):
+        super().__init__(dim, img_size, patch_size, pos_init=pos_init)
         self.global_pool = global_pool
         self.fc_norm = nn.LayerNorm(dim, eps=eps) if fc_norm else nn.Identity()
         self.head = nn.Linear(dim, num_classes)

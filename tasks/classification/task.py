@@ -32,7 +32,7 @@ from foundation.engine.task import Task, register_task
 from tasks.classification.data import (MEAN, STD, ImageDataError, ImageFolderDataset, TransformConfig,
                                        build_transform, check_root, find_classes)
 from tasks.classification.metrics import classification_metrics, topk_sums
-from tasks.classification.model import ClassificationHead, load_front_end
+from tasks.classification.model import POS_INITS, ClassificationHead, load_front_end
 
 
 def check_vision_backbone(backbone: BackboneConfig, img_size: int, patch_size: int, multiway: bool = False) -> None:
@@ -58,6 +58,7 @@ class ClassificationConfig(TransformConfig):
     num_classes: int = 1000  # must equal the number of class folders in ROOT/train
     patch_size: int = 16
     global_pool: str = "avg"  # avg (BEiT's mean pooling) | token (class token)
+    pos_embed_init: str = "trunc_normal"  # trunc_normal (std 0.02, BEiT) | sincos (2-D sin-cos start, MAE)
     fc_norm: bool = True  # LayerNorm after pooling
     head_init_scale: float = 0.001  # BEiT: the head's initial weights are scaled down
     mixup: float = 0.8  # Mixup alpha (0 = off)
@@ -74,6 +75,8 @@ class ClassificationConfig(TransformConfig):
 
         if self.global_pool not in ("avg", "token"):
             raise bad("global_pool", "must be avg or token")
+        if self.pos_embed_init not in POS_INITS:
+            raise bad("pos_embed_init", f"must be one of {', '.join(POS_INITS)}")
         for name in ("num_classes", "patch_size", "img_size", "min_image_size", "re_count"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
@@ -120,7 +123,8 @@ class Classification(Task):
         c, b = self.cfg, self.backbone_cfg
         head = ClassificationHead(b.dim, c.num_classes, c.img_size, c.patch_size, global_pool=c.global_pool,
                                   fc_norm=c.fc_norm, head_init_scale=c.head_init_scale,
-                                  label_smoothing=c.label_smoothing, mixup=self.mixup(), eps=b.layernorm_eps)
+                                  label_smoothing=c.label_smoothing, mixup=self.mixup(), eps=b.layernorm_eps,
+                                  pos_init=c.pos_embed_init)
         if c.init_embed_from is not None:
             # Rebuilding a trained model from its checkpoint (foundation eval, checkpoint.load)
             # overwrites these weights anyway, so a file gone since training is no error there.

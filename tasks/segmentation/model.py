@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foundation.embed import PatchEmbed
+from tasks.vision_common.pos_embed import init_pos_embed
 from tasks.segmentation import mmseg_compat
 from tasks.segmentation.pretrained import resize_pos_embed
 
@@ -63,6 +64,7 @@ class UperNetHead(nn.Module):
         abs_pos_embed: bool = False,
         final_norm: bool = False,
         sync_bn: bool = True,
+        pos_init: str = "trunc_normal",
     ):
         super().__init__()
         self.img_size, self.patch_size = img_size, patch_size
@@ -75,9 +77,10 @@ class UperNetHead(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if class_token else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.grid[0] * self.grid[1], dim)) \
             if abs_pos_embed else None
-        for p in (self.cls_token, self.pos_embed):
-            if p is not None:
-                nn.init.trunc_normal_(p, std=0.02)
+        if self.cls_token is not None:
+            nn.init.trunc_normal_(self.cls_token, std=0.02)
+        if self.pos_embed is not None:  # sincos: see tasks.classification.model.ImageEmbedding
+            init_pos_embed(self.pos_embed, self.grid, self.num_prefix_tokens, pos_init)
         norm_cfg = batch_norm_cfg(sync_bn)
         ce = lambda weight: dict(type="CrossEntropyLoss", use_sigmoid=False, loss_weight=weight)  # noqa: E731
         self.neck = Feature2Pyramid(embed_dim=dim, rescales=list(rescales), norm_cfg=norm_cfg)

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from foundation.engine.predict import InputError, Predictor
-from tasks.classification.data import ImageDataError, load_image
+from tasks.vision_common.images import ImageDataError, load_image
 
 DEFAULT_OUT = "predictions"
 OVERLAY_ALPHA = 0.5  # weight of the class colours over the image

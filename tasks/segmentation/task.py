@@ -20,6 +20,7 @@ from foundation.config import ConfigError
 from foundation.engine.task import Task, register_task
 from tasks.segmentation.data import (ADE_PALETTE, MEAN, STD, SegDataset, TrainCollate, ade20k, check_layout,
                                      class_names, eval_collate, eval_pipeline, train_pipeline)
+from tasks.vision_common.pos_embed import POS_INITS
 from tasks.segmentation.metrics import iou_sums, seg_metrics
 from tasks.segmentation.model import UperNetHead
 from tasks.segmentation.pretrained import FRONT_END, load_vit_weights
@@ -35,6 +36,7 @@ class SegmentationConfig:
     patch_size: int = 16
     class_token: bool = True
     abs_pos_embed: bool = False  # BEiT has none: the backbone's rel_pos: 2d encodes positions
+    pos_embed_init: str = "trunc_normal"  # of abs_pos_embed: trunc_normal (std 0.02) | sincos (2-D sin-cos start)
     out_indices: List[int] = field(default_factory=lambda: [3, 5, 7, 11])
     rescales: List[float] = field(default_factory=lambda: [4.0, 2.0, 1.0, 0.5])
     channels: int = 768  # UPerHead
@@ -66,6 +68,8 @@ class SegmentationConfig:
             raise bad("aux_index", f"must index the {len(self.out_indices)} neck outputs")
         if self.aux_weight < 0:
             raise bad("aux_weight", "must be >= 0")
+        if self.pos_embed_init not in POS_INITS:
+            raise bad("pos_embed_init", f"must be one of {', '.join(POS_INITS)}")
         if self.test_mode not in TEST_MODES:
             raise bad("test_mode", f"must be one of {', '.join(TEST_MODES)}")
         if self.test_stride is not None and not 1 <= self.test_stride <= self.img_size:
@@ -114,7 +118,7 @@ class Segmentation(Task):
             rescales=c.rescales, channels=c.channels, pool_scales=c.pool_scales, aux_channels=c.aux_channels,
             aux_index=c.aux_index, aux_weight=c.aux_weight, dropout_ratio=c.dropout_ratio,
             class_token=c.class_token, abs_pos_embed=c.abs_pos_embed, final_norm=self.backbone_cfg.final_norm,
-            sync_bn=c.sync_bn,
+            sync_bn=c.sync_bn, pos_init=c.pos_embed_init,
         )
         # The engine's init_from loads the backbone; the front end lives in this head.
         # (When a trained model is rebuilt from its own checkpoint, its weights replace

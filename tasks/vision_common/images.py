@@ -59,3 +59,19 @@ def open_rgb(source: str | Path | BinaryIO, error: type[Exception] = ValueError,
         raise error(f"{name}: not an image file (or a format PIL cannot read)") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise error(f"{name}: cannot read the image ({e})") from None
+
+
+class ImageDataError(ValueError):
+    """An image file or folder cannot be used; the message names it."""
+
+
+def load_image(path: str | Path, min_size: int = 1, modes: Counter | None = None) -> Image.Image:
+    """The RGB image at ``path`` (any PIL mode converted as ``vision_common.images.to_rgb``
+    says: 16-bit scaled down, alpha over white); ``ImageDataError`` naming the file if it
+    cannot be read (missing, unreadable, not an image, truncated) or is smaller than
+    ``min_size``. ``modes`` counts the file modes met."""
+    image = open_rgb(path, ImageDataError, modes)
+    if min(image.size) < min_size:
+        raise ImageDataError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels, smaller than "
+                             f"min_image_size={min_size}")
+    return image

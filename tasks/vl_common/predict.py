@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from foundation.engine.predict import InputError, Predictor
-from tasks.classification.data import ImageDataError, load_image
+from tasks.vision_common.images import ImageDataError, load_image
 from tasks.vl_common.images import image_transform
 from tasks.vl_common.text import SentencePieceTokenizer, get_tokenizer, pad_texts
 
