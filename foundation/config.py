@@ -5,7 +5,6 @@ semantic checks (a norm that exists, heads that divide dim, ...) live in __post_
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional, Type, TypeVar
@@ -199,6 +198,3 @@ PRESETS: dict[str, dict[str, Any]] = {
     "upscale_ln": dict(norm="deepnorm", init_gain=1.0),
 }
 
-
-def fields_of(cls: type) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
