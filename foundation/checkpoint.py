@@ -3,9 +3,11 @@
 A checkpoint is one ``.safetensors`` file. Its metadata holds the model kind (a name in
 ``MODEL_KINDS``) and the model's config as JSON, so ``load(path)`` rebuilds the model
 from the file alone. Kinds are an explicit registry: a file names a kind, never a class
-path, and nothing is ever unpickled. The kinds of the ``foundation`` package itself
-(``Backbone``, ``VisionTransformer`` and a training run's ``MultiTaskModel``) need no
-import first.
+path, and nothing is ever unpickled. The file also names the module whose import
+registers its kind (``foundation.module``); ``load`` imports it when the kind is not yet
+registered, but only a module of this project's own packages (``foundation``, ``tasks``),
+so a run's ``MultiTaskModel``, a ``VisionTransformer`` or a ``BEiT3`` loads with no import
+first, and this module depends on none of them.
 
 What *using* the model needs beyond its weights (class names, image statistics, a
 tokenizer, ...) travels in the same file: a model with an ``export_meta()`` method
@@ -18,11 +20,12 @@ Converters map the public checkpoints' layouts onto ours:
 
 * ``from_torchscale`` / ``to_torchscale``: torchscale 0.3.0's ``Encoder`` (the official
   Magneto / DeepNet / BEiT-3 code) <-> our ``Backbone``.
-* ``from_timm``: a timm ``VisionTransformer`` -> our Pre-LN ``foundation.vit`` model.
+(``foundation.vit.from_timm`` converts a timm ``VisionTransformer``.)
 """
 from __future__ import annotations
 
 import base64
+import importlib
 import json
 import math
 import os
@@ -44,6 +47,7 @@ _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 # metadata keys of our files
 META_FORMAT, META_KIND, META_CONFIG = "foundation.format", "foundation.kind", "foundation.config"
+META_MODULE = "foundation.module"  # the module whose import registers the file's kind
 META_EXTRA = "foundation.meta"  # what prediction needs: {section: {key: value}} as JSON
 _BYTES = "base64"  # a bytes value in META_EXTRA is {"base64": "..."}
 
@@ -85,21 +89,21 @@ def register_model_kind(
 
 register_model_kind("Backbone", Backbone, BackboneConfig, BackboneConfig.from_dict)
 
+# Where the project's own kinds register, for files written before META_MODULE existed.
+_KIND_MODULES = {"VisionTransformer": "foundation.vit", "MultiTaskModel": "foundation.engine.model",
+                 "BEiT3": "tasks.vl_common.beit3"}
+_OWN_PACKAGES = ("foundation.", "tasks.")  # a file may only name modules of this project for import
 
-def _register_builtin_kinds() -> None:
-    """The foundation package's own models beyond the Backbone, imported on first use
-    (foundation.vit and foundation.engine.model import this module): a run's
-    ``MultiTaskModel`` loads with no import first (its tasks are then found by name)."""
-    from foundation.vit import VisionTransformer, ViTConfig
 
-    if "VisionTransformer" not in MODEL_KINDS:
-        register_model_kind("VisionTransformer", VisionTransformer, ViTConfig, ViTConfig.from_dict)
-    import foundation.engine.model  # noqa: F401  (registers MultiTaskModel)
+def _import_kind(kind_name: str, metadata: Mapping[str, str]) -> None:
+    """Import the module that registers ``kind_name`` (named by the file, or by the table
+    above), found by name as the engine finds tasks, so that this module imports none of them."""
+    module = metadata.get(META_MODULE) or _KIND_MODULES.get(kind_name)
+    if module and module.startswith(_OWN_PACKAGES):
+        importlib.import_module(module)
 
 
 def _kind_of(model: nn.Module) -> str:
-    if not any(type(model) is kind.model_cls for kind in MODEL_KINDS.values()):
-        _register_builtin_kinds()
     for name, kind in MODEL_KINDS.items():
         if type(model) is kind.model_cls:  # exact: a subclass is not silently saved as its base
             if not isinstance(getattr(model, "config", None), kind.config_cls):
@@ -125,6 +129,7 @@ def save(model: nn.Module, path: str | Path) -> Path:
         META_FORMAT: FORMAT_VERSION,
         META_KIND: kind,
         META_CONFIG: json.dumps(to_dict(model.config), sort_keys=True),
+        META_MODULE: type(model).__module__,
     }
     extra = model.export_meta() if hasattr(model, "export_meta") else getattr(model, "saved_meta", None)
     if extra:
@@ -254,7 +259,7 @@ def _config_from_metadata(path: Path, metadata: Mapping[str, str]) -> tuple[str,
         )
     kind_name = metadata[META_KIND]
     if kind_name not in MODEL_KINDS:
-        _register_builtin_kinds()
+        _import_kind(kind_name, metadata)
     if kind_name not in MODEL_KINDS:
         raise CheckpointError(
             f"{path}: unknown model kind {kind_name!r}; registered: {', '.join(MODEL_KINDS)} "
@@ -567,124 +572,3 @@ def to_torchscale(backbone: Backbone) -> dict[str, torch.Tensor]:
         for ts_key, part in zip(ts_keys, state[key].chunk(len(ts_keys))):
             out[ts_key] = part.clone()
     return out
-
-
-# --------------------------------------------------------------------------- timm
-
-
-def from_timm(vit: nn.Module) -> nn.Module:
-    """Our ``foundation.vit.VisionTransformer`` computing what a timm ``VisionTransformer``
-    computes (eval mode): Pre-LN blocks (``norm="preln"``), or Sub-LN ones
-    (``norm="magneto"``) for timm blocks built with ``scale_attn_norm`` and
-    ``scale_mlp_norm``. Keys map directly (``blocks.{i}`` -> ``backbone.encoder.layers.{i}``,
-    ``norm`` -> ``backbone.encoder.norm``). Training-only dropouts outside the blocks
-    (``pos_drop``, ``patch_drop``, ``head_drop``) are not carried over.
-    """
-    from foundation.vit import VisionTransformer, ViTConfig
-
-    cfg = ViTConfig(**_timm_vit_fields(vit))
-    state = {}
-    for key, value in vit.state_dict().items():
-        if key.startswith("blocks."):
-            key = "backbone.encoder.layers." + key[len("blocks."):]
-        elif key.startswith("norm."):
-            key = "backbone.encoder." + key
-        state[key] = value
-    model = VisionTransformer(cfg)
-    load_state_into(model, state, where=f"converted timm {type(vit).__name__}")
-    return model.train(vit.training)
-
-
-def _timm_vit_fields(vit: nn.Module) -> dict[str, Any]:
-    """ViTConfig fields of a timm VisionTransformer; ValueError naming what we cannot hold."""
-    from timm.layers import Attention as TimmAttention, LayerScale, Mlp, PatchEmbed
-    from timm.models.vision_transformer import Block as TimmBlock, VisionTransformer as TimmViT
-
-    def refuse(option: str, why: str) -> ValueError:
-        return ValueError(f"timm VisionTransformer option {option}: {why}")
-
-    def identity(m: nn.Module | None) -> bool:
-        return m is None or isinstance(m, nn.Identity)
-
-    if not isinstance(vit, TimmViT):
-        raise TypeError(f"from_timm needs a timm VisionTransformer, got {type(vit).__name__}")
-    if getattr(vit, "num_reg_tokens", 0):
-        raise refuse("reg_tokens", f"{vit.num_reg_tokens} register tokens are not supported")
-    if vit.global_pool not in ("token", "avg") or getattr(vit, "attn_pool", None) is not None:
-        raise refuse("global_pool", f"{vit.global_pool!r} is not supported (token or avg)")
-    if vit.global_pool == "avg" and getattr(vit, "pool_include_prefix", False):
-        raise refuse("pool_include_prefix", "average pooling over the class token is not supported")
-    if vit.pos_embed is not None and vit.cls_token is not None and vit.no_embed_class:
-        raise refuse("no_embed_class", "a position embedding without the class token's entry is not supported")
-    if not identity(vit.norm_pre):
-        raise refuse("pre_norm", "a LayerNorm before the blocks is not supported")
-    pe = vit.patch_embed
-    if type(pe) is not PatchEmbed or not identity(pe.norm) or pe.proj.bias is None:
-        raise refuse("embed_layer", "only timm's PatchEmbed with a biased projection and no norm is supported")
-    if pe.img_size is None or pe.img_size[0] != pe.img_size[1] or pe.patch_size[0] != pe.patch_size[1]:
-        raise refuse("img_size", f"square images and patches only (img_size={pe.img_size}, patch_size={pe.patch_size})")
-
-    blocks = list(vit.blocks)
-    if not blocks:
-        raise refuse("depth", "a model without blocks")
-    first = blocks[0]
-    for blk in blocks:
-        if type(blk) is not TimmBlock or type(blk.attn) is not TimmAttention or type(blk.mlp) is not Mlp:
-            raise refuse("block_fn", f"only timm's Block / Attention / Mlp are supported, got {type(blk).__name__}")
-        if not (identity(blk.attn.q_norm) and identity(blk.attn.k_norm)):
-            raise refuse("qk_norm", "query/key normalisation is not supported")
-        if getattr(blk.attn, "gate", None) is not None:
-            raise refuse("attn gate", "gated attention is not supported")
-        if blk.attn.attn_dim != vit.embed_dim:
-            raise refuse("attn_head_dim", f"heads x head_dim = {blk.attn.attn_dim} != embed_dim {vit.embed_dim}")
-        if blk.attn.proj.bias is None or blk.mlp.fc1.bias is None or blk.mlp.fc2.bias is None:
-            raise refuse("proj_bias", "projections without bias are not supported")
-        if identity(blk.attn.norm) != identity(blk.mlp.norm):
-            raise refuse("scale_attn_norm / scale_mlp_norm", "Sub-LN needs both (Magneto), or neither (ViT)")
-        if isinstance(blk.ls1, LayerScale) != isinstance(first.ls1, LayerScale):
-            raise refuse("init_values", "layer scale in some blocks only")
-    norms = [m for m in vit.modules() if isinstance(m, nn.LayerNorm)]
-    non_ln = [type(m).__name__ for m in vit.modules() if "norm" in type(m).__name__.lower()
-              and not isinstance(m, nn.LayerNorm)]
-    if non_ln:
-        raise refuse("norm_layer", f"only LayerNorm is supported, got {sorted(set(non_ln))}")
-    if len({m.eps for m in norms}) > 1 or any(not m.elementwise_affine or m.bias is None for m in norms):
-        raise refuse("norm_layer", "LayerNorms must share one eps and have weight and bias")
-    act = first.mlp.act
-    if isinstance(act, nn.GELU) and act.approximate == "none":
-        activation = "gelu"
-    elif type(act) in (nn.ReLU, nn.SiLU):
-        activation = "relu" if isinstance(act, nn.ReLU) else "swish"
-    else:
-        raise refuse("act_layer", f"{act!r} is not supported (exact GELU, ReLU or SiLU)")
-    drop_path = blocks[-1].drop_path1.drop_prob if hasattr(blocks[-1].drop_path1, "drop_prob") else 0.0
-
-    backbone = BackboneConfig(
-        dim=vit.embed_dim,
-        depth=len(blocks),
-        heads=first.attn.num_heads,
-        ffn_dim=first.mlp.fc1.out_features,
-        norm="preln" if identity(first.attn.norm) else "magneto",
-        activation=activation,
-        layernorm_eps=first.norm1.eps,
-        qkv_bias=first.attn.qkv.bias is not None,
-        dropout=first.attn.proj_drop.p,
-        attn_dropout=first.attn.attn_drop.p,
-        drop_path=float(drop_path),
-        # the init value only matters before the weights are loaded; timm does not keep it
-        layer_scale=1.0 if isinstance(first.ls1, LayerScale) else None,
-        final_norm=not identity(vit.norm),
-        init_variant="paper",
-    )
-    return dict(
-        backbone=backbone,
-        img_size=pe.img_size[0],
-        patch_size=pe.patch_size[0],
-        in_chans=pe.proj.in_channels,
-        num_classes=vit.num_classes,
-        global_pool=vit.global_pool,
-        class_token=vit.cls_token is not None,
-        abs_pos_embed=vit.pos_embed is not None,
-        fc_norm=not identity(vit.fc_norm),
-        dynamic_img_size=bool(getattr(vit, "dynamic_img_size", False)),
-    )

@@ -2,6 +2,7 @@
 mismatch, clear errors for broken files, atomic saves, tied weights."""
 import json
 import os
+import sys
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,6 +232,26 @@ def test_run_files_load_with_no_import_first(tmp_path):
                           env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "MultiTaskModel"
+
+
+def test_a_file_names_the_module_of_its_kind_and_only_project_modules_are_imported(tmp_path):
+    """``load`` imports the module a file names for an unknown kind, but only inside this
+    project's packages: a file naming any other module gets the unknown-kind error."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from foundation import checkpoint
+
+    path = save(random_backbone(), tmp_path / "b.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    assert meta[checkpoint.META_MODULE] == "foundation.transformer"
+    forged = tmp_path / "forged.safetensors"
+    save_file(tensors, str(forged), metadata={**meta, checkpoint.META_KIND: "Evil",
+                                             checkpoint.META_MODULE: "antigravity"})
+    with pytest.raises(CheckpointError, match="unknown model kind 'Evil'"):
+        checkpoint.load(forged)
+    assert "antigravity" not in sys.modules
 
 
 # --------------------------------------------------------------------------- strict loading

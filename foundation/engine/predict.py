@@ -29,6 +29,8 @@ from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import torch
 
+from foundation.engine.task import NoPredictor  # raised here; defined beside the Task hook that raises it too
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # what soundfile (libsndfile) reads
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", ".au", ".sph", ".w64", ".caf")
@@ -36,10 +38,6 @@ AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", "
 
 class InputError(ValueError):
     """An input cannot be used (unreadable, empty, the wrong kind); the message names it."""
-
-
-class NoPredictor(ValueError):
-    """The model file holds nothing that ``predict`` can run; the message says why."""
 
 
 class Predictor(abc.ABC):

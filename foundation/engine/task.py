@@ -119,10 +119,12 @@ class Task(abc.ABC):
     def predictor(self, head: nn.Module, backbone: nn.Module, meta: Mapping[str, Any], device: torch.device) -> Any:
         """A ``foundation.engine.predict.Predictor`` around the trained ``head`` and
         ``backbone``; ``meta`` is what ``export_meta`` saved."""
-        from foundation.engine.predict import NoPredictor
-
         raise NoPredictor(f"task {self.name!r} has no predictor: foundation predict serves tasks that map a "
                           "user's file to an answer (classification, segmentation, asr, vqa, nlvr2)")
+
+
+class NoPredictor(ValueError):
+    """A model (or one of its tasks) that ``foundation predict`` cannot run; the message says why."""
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:

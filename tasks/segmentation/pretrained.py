@@ -13,7 +13,7 @@ after 224x224 MIM pretraining), so two tensors change shape with the patch grid:
 Sources, recognised from their keys (and, for our files, the config in their metadata):
 
 * a ``foundation.vit.VisionTransformer`` checkpoint (``patch_embed.*``, ``cls_token``,
-  ``pos_embed``, ``backbone.*``), e.g. ``checkpoint.save(vit)`` or ``from_timm``;
+  ``pos_embed``, ``backbone.*``), e.g. ``checkpoint.save(vit)`` or ``foundation.vit.from_timm``;
 * an engine run's ``model.safetensors`` (``MultiTaskModel``: ``backbone.*`` plus
   ``heads.<task>.*``), e.g. a MIM pretraining run: the backbone, and the image front end
   (``patch_embed``, ``cls_token``, ``pos_embed``) of the one head that has a patch embedding;
