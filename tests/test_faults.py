@@ -462,12 +462,13 @@ def _seg_item(root: Path):
 
 @pytest.mark.parametrize("which", ["image", "annotation"])
 def test_a_truncated_segmentation_file_is_named(ade, which):
-    from tasks.segmentation.transforms import AnnotationError, ImageFileError
+    from tasks.segmentation.transforms import AnnotationError
+    from tasks.vision_common.images import ImageDataError
 
     folder, pattern = {"image": ("images", "*.jpg"), "annotation": ("annotations", "*.png")}[which]
     bad = sorted((ade / folder / "training").glob(pattern))[0]
     bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
-    with pytest.raises((ImageFileError, AnnotationError), match=f"{bad}: cannot read the .*truncated"):
+    with pytest.raises((ImageDataError, AnnotationError), match=f"{bad}: cannot read the .*truncated"):
         _seg_item(ade)
 
 

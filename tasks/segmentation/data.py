@@ -34,7 +34,8 @@ from mmseg.datasets import ADE20KDataset  # noqa: E402
 from mmseg.models.data_preprocessor import SegDataPreProcessor  # noqa: E402
 
 from foundation.engine.failure import one_line  # noqa: E402
-from tasks.segmentation.transforms import AnnotationError, ImageFileError, missing_annotations  # noqa: E402
+from tasks.segmentation.transforms import AnnotationError, missing_annotations  # noqa: E402
+from tasks.vision_common.images import ImageDataError  # noqa: E402
 
 SPLITS = {"train": "training", "eval": "validation"}
 MEAN, STD = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)  # ImageNet, 0-255, RGB
@@ -119,7 +120,7 @@ class SegDataset(Dataset):
     def __getitem__(self, i: int) -> dict:
         try:
             return {**self.dataset[i], "split": self.split}
-        except (AnnotationError, ImageFileError):
+        except (AnnotationError, ImageDataError):
             raise  # they name the file
         except Exception as e:  # noqa: BLE001 - e.g. cv2.error from a resize, which names nothing
             info = self.dataset.get_data_info(i)

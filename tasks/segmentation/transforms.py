@@ -33,15 +33,11 @@ from mmengine import fileio
 from mmseg.datasets.transforms import LoadAnnotations
 from mmseg.registry import TRANSFORMS
 
-from tasks.vision_common.images import open_rgb
+from tasks.vision_common.images import ImageDataError, open_rgb
 
 
 class AnnotationError(ValueError):
     """An annotation file does not fit its image or the class range; the message names it."""
-
-
-class ImageFileError(ValueError):
-    """An image file cannot be read; the message names it."""
 
 
 @TRANSFORMS.register_module()
@@ -57,8 +53,8 @@ class LoadCheckedImageFromFile(BaseTransform):
         try:
             data = fileio.get(path, backend_args=self.backend_args)
         except FileNotFoundError:
-            raise ImageFileError(f"{path}: image not found") from None
-        rgb = open_rgb(io.BytesIO(data), ImageFileError, name=path)
+            raise ImageDataError(f"{path}: image not found") from None
+        rgb = open_rgb(io.BytesIO(data), ImageDataError, name=path)
         img = np.ascontiguousarray(np.asarray(rgb)[..., ::-1])  # mmseg's images are BGR, as OpenCV reads them
         results.update(img=img, img_shape=img.shape[:2], ori_shape=img.shape[:2])
         return results
