@@ -289,6 +289,12 @@ def load(path: str | Path, device: str | torch.device | None = None) -> nn.Modul
     return model.to(device) if device is not None else model
 
 
+def sub_state(state: Mapping[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+    """The tensors under ``prefix`` (e.g. ``"heads.classification."``) with the prefix removed:
+    one module's weights out of a whole model's file."""
+    return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+
 def load_state_into(
     model: nn.Module, source: str | Path | Mapping[str, torch.Tensor], *, where: str | None = None
 ) -> nn.Module:
