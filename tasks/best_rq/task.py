@@ -79,6 +79,8 @@ class BestRQConfig(SpeechFields):
 
 @register_task("best_rq")
 class BestRQ(SpeechTask):
+    """BEST-RQ pretraining of the backbone's speech expert; reads the audio alone."""
+
     Config = BestRQConfig
     primary_metric = "accuracy"
     higher_is_better = True

@@ -80,6 +80,18 @@ def read_kaldi_dir(data_dir: str | Path) -> list[Utterance]:
     return out
 
 
+def wav_path(root: Path, utt: str, entry: str) -> str:
+    """A wav.scp entry as a file path: relative to the data dir when it exists there; piped
+    commands (Kaldi's ``... |``) are refused."""
+    path = entry.strip()
+    if path.endswith("|"):
+        raise SpeechDataError(f"{root}/wav.scp: utterance {utt}: piped commands are not supported "
+                              f"({path!r}); write the audio to files first")
+    if not os.path.isabs(path) and (root / path).exists():
+        path = str(root / path)
+    return path
+
+
 def read_audio_librispeech(split_dir: str | Path) -> list[Utterance]:
     """Every audio file of a LibriSpeech-layout split, with empty transcripts."""
     root = Path(split_dir)
@@ -104,18 +116,6 @@ def read_audio_kaldi(data_dir: str | Path) -> list[Utterance]:
     if not out:
         raise SpeechDataError(f"{root}/wav.scp is empty")
     return out
-
-
-def wav_path(root: Path, utt: str, entry: str) -> str:
-    """A wav.scp entry as a file path: relative to the data dir when it exists there; piped
-    commands (Kaldi's ``... |``) are refused."""
-    path = entry.strip()
-    if path.endswith("|"):
-        raise SpeechDataError(f"{root}/wav.scp: utterance {utt}: piped commands are not supported "
-                              f"({path!r}); write the audio to files first")
-    if not os.path.isabs(path) and (root / path).exists():
-        path = str(root / path)
-    return path
 
 
 def read_split(root: str | Path, split: str, layout: str, *, transcripts: bool = True) -> list[Utterance]:

@@ -32,15 +32,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def vision(tmp_path_factory) -> Path:
-    from tasks.classification import demo
-
-    root = tmp_path_factory.mktemp("vision") / "demo"
-    demo.write_dataset(root, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
-    return root
-
-
-@pytest.fixture(scope="module")
 def vl(tmp_path_factory) -> Path:
     from tasks.vqa.demo import write_dataset
 
@@ -48,6 +39,15 @@ def vl(tmp_path_factory) -> Path:
     write_dataset(out, seed=1, image_size=32, vqa_train=8, vqa_val=4, questions_per_image=2, nlvr2_train=4,
                   nlvr2_dev=4, text_lines=40)
     return out
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory) -> Path:
+    from tasks.classification import demo
+
+    root = tmp_path_factory.mktemp("vision") / "demo"
+    demo.write_dataset(root, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
+    return root
 
 
 @pytest.fixture(scope="module")
