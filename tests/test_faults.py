@@ -486,7 +486,7 @@ def test_an_absurdly_shaped_segmentation_image_is_named(ade):
 
 
 def test_a_transcript_line_with_only_an_utterance_id_is_refused(tmp_path):
-    from tasks.asr.data import SpeechDataError, read_kaldi_dir, read_librispeech
+    from tasks.speech_common.corpus import SpeechDataError, read_kaldi_dir, read_librispeech
 
     chapter = tmp_path / "libri" / "19" / "198"
     chapter.mkdir(parents=True)

@@ -15,21 +15,21 @@ PyPI with this suite), else from the system's ``libespeak-ng`` or ``espeak-ng`` 
 """
 from __future__ import annotations
 
-import argparse
 import ctypes
 import ctypes.util
 import io
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import soundfile as sf
+
+from foundation.engine.demo_cli import demo_parser, timed
+
 SAMPLE_RATE = 16000
 ACCENTS = ("en-us", "en-gb-x-rp", "en-029", "en-gb-scotland")
 VARIANTS = ("m1", "m2", "m3", "m4", "f1", "f2", "f3", "f4")
@@ -234,11 +234,8 @@ def make_corpus(out: Path, *, seed: int = 0, utts_per_voice: dict[str, int], n_d
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="foundation data make speech",
-                                description="Synthesise a small spoken-command corpus with eSpeak NG, in the "
-                                            "LibriSpeech layout (dev/test speakers are held-out voices).")
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
+    p = demo_parser("speech", "Synthesise a small spoken-command corpus with eSpeak NG, in the LibriSpeech layout "
+                              "(dev/test speakers are held-out voices).")
     p.add_argument("--train-per-voice", type=int, default=60, help="utterances per training voice")
     p.add_argument("--eval-per-voice", type=int, default=25, help="utterances per dev / test voice")
     p.add_argument("--dev-voices", type=int, default=4)
@@ -246,16 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.dev_voices + a.test_voices >= len(VOICES):
         p.error(f"--dev-voices + --test-voices must leave training voices (there are {len(VOICES)})")
-    start = time.perf_counter()
-    try:
-        counts = make_corpus(a.out, seed=a.seed, n_dev_voices=a.dev_voices, n_test_voices=a.test_voices,
-                             utts_per_voice={"train": a.train_per_voice, "dev": a.eval_per_voice,
-                                             "test": a.eval_per_voice})
-    except EspeakUnavailable as e:
-        print(f"foundation data make speech: {e}", file=sys.stderr)
+    done = timed("speech", lambda: make_corpus(a.out, seed=a.seed, n_dev_voices=a.dev_voices,
+                                               n_test_voices=a.test_voices,
+                                               utts_per_voice={"train": a.train_per_voice, "dev": a.eval_per_voice,
+                                                               "test": a.eval_per_voice}), (EspeakUnavailable,))
+    if done is None:
         return 2
+    counts, seconds = done
     voices = split_voices(a.seed, a.dev_voices, a.test_voices)
-    print(f"wrote {a.out} in {time.perf_counter() - start:.1f} s (LibriSpeech layout, {SAMPLE_RATE} Hz FLAC):")
+    print(f"wrote {a.out} in {seconds:.1f} s (LibriSpeech layout, {SAMPLE_RATE} Hz FLAC):")
     for split, n in counts.items():
         print(f"  {split:<5} {n:5d} utterances, {len(voices[split])} voices: {', '.join(voices[split][:4])}"
               + (" ..." if len(voices[split]) > 4 else ""))

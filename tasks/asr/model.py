@@ -15,18 +15,13 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from foundation.embed import VGGSubsampling
 from tasks.asr.transducer import BLANK, transducer_loss
-
-
-def padding_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
-    """(B, max_len) bool, True = padding."""
-    return torch.arange(max_len, device=lengths.device)[None] >= lengths[:, None]
+from tasks.speech_common.frontend import GlobalCMVN, padding_mask
 
 
 def encode(frontend: VGGSubsampling, backbone: nn.Module, feats: torch.Tensor, lengths: torch.Tensor,
@@ -36,31 +31,6 @@ def encode(frontend: VGGSubsampling, backbone: nn.Module, feats: torch.Tensor, l
     x, out_lens = frontend(feats, lengths)
     out, hidden = backbone(x, padding_mask=padding_mask(out_lens, x.shape[1]), return_layers=list(return_layers))
     return out, out_lens, hidden
-
-
-class GlobalCMVN(nn.Module):
-    """Global mean / variance normalisation from statistics over the training set, kept
-    as buffers so that they travel in the checkpoint. The statistics are ESPnet's
-    ``feats_stats.npz`` (count, sum, sum_square), so either toolkit reads the other's."""
-
-    def __init__(self, num_features: int, eps: float = 1e-20):
-        super().__init__()
-        self.eps = eps
-        self.register_buffer("mean", torch.zeros(num_features))
-        self.register_buffer("std", torch.ones(num_features))
-        self.register_buffer("frames", torch.zeros((), dtype=torch.long))  # 0 = not set yet
-
-    @torch.no_grad()
-    def set_stats(self, count: float, total: np.ndarray, total_square: np.ndarray) -> None:
-        mean = total / count
-        var = np.maximum(total_square / count - mean * mean, self.eps)
-        self.mean.copy_(torch.as_tensor(mean, dtype=self.mean.dtype))
-        self.std.copy_(torch.as_tensor(np.sqrt(var), dtype=self.std.dtype))
-        self.frames.fill_(int(count))
-
-    def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        x = (feats - self.mean) / self.std
-        return x.masked_fill(padding_mask(lengths, x.shape[1])[..., None], 0.0)
 
 
 class TransducerHead(nn.Module):

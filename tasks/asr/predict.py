@@ -20,9 +20,9 @@ import soundfile as sf
 import torch
 
 from foundation.engine.predict import AUDIO_EXTENSIONS, InputError, NoPredictor, Predictor
-from tasks.asr.data import SHIFT, WINDOW, fbank
 from tasks.asr.decode import beam_search, greedy_search
 from tasks.asr.tokenizer import Tokenizer
+from tasks.speech_common.features import SHIFT, WINDOW, fbank
 
 CHUNK_SECONDS = 30.0
 

@@ -1,48 +1,28 @@
 """Speech recognition with a Transformer-Transducer whose encoder is the shared backbone."""
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
-import numpy as np
 import torch
 
 from foundation.config import ConfigError
-from foundation.engine.task import Task, register_task
-from tasks.asr.data import (LAYOUTS, BucketDataset, SpeechDataError, Utterance, audio_frames, cmvn_stats, collate,
-                            fbank, length_buckets, load_audio, read_split, save_stats)
+from foundation.engine.task import register_task
+from tasks.asr.data import BucketDataset, collate, length_buckets
 from tasks.asr.decode import SEARCH_TYPES, beam_search, greedy_search
 from tasks.asr.metrics import asr_metrics, split_sums
 from tasks.asr.model import TransducerHead, load_frontend
 from tasks.asr.tokenizer import Tokenizer, TranscriptError, train_tokenizer
+from tasks.speech_common.corpus import SpeechDataError
+from tasks.speech_common.features import audio_frames
+from tasks.speech_common.task import SpeechFields, SpeechTask, check_speech_fields
 
 DECODINGS = ("greedy", "beam")
 
 
-def check_speech_fields(cfg) -> Callable[[str, str], ConfigError]:
-    """The fields every speech task config has (ASR, BEST-RQ): data layout and splits, audio
-    features, CMVN, VGG front end. Returns the config's error maker for its own checks."""
-    def bad(name: str, msg: str) -> ConfigError:
-        return ConfigError(f"field {name!r}: {msg} (got {getattr(cfg, name)!r})")
-
-    if cfg.layout not in LAYOUTS:
-        raise bad("layout", f"must be one of {', '.join(LAYOUTS)}")
-    for name in ("train_splits", "eval_splits"):
-        if not getattr(cfg, name):
-            raise bad(name, "list at least one split")
-    for name in ("sample_rate", "num_mel_bins", "cmvn_max_utterances"):
-        if getattr(cfg, name) < 1:
-            raise bad(name, "must be >= 1")
-    if len(cfg.vgg_channels) != 2 or min(cfg.vgg_channels) < 1:
-        raise bad("vgg_channels", "two positive channel counts")
-    return bad
-
-
 @dataclass
-class ASRConfig:
+class ASRConfig(SpeechFields):
     # data: <data_dir>/<split> in the LibriSpeech layout, or Kaldi data dirs (layout: kaldi)
     data_dir: str = "data/LibriSpeech"
     layout: str = "librispeech"  # librispeech | kaldi
@@ -102,66 +82,34 @@ class ASRConfig:
             raise bad("beam_search", f"must be one of {', '.join(SEARCH_TYPES)}")
 
     @property
-    def prep_path(self) -> Path:
-        return Path(self.prep_dir) if self.prep_dir else Path(self.data_dir) / "prep" / "+".join(self.train_splits)
-
-    @property
     def tokenizer_path(self) -> Path:
         return self.prep_path / f"unigram{self.vocab_size}.model"
 
-    @property
-    def stats_path(self) -> Path:
-        return self.prep_path / f"feats_stats_fbank{self.num_mel_bins}.npz"  # ESPnet's GlobalMVN format
-
-
-def _say(message: str) -> None:
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"[asr] {message}", file=sys.stderr, flush=True)
-
 
 @register_task("asr")
-class ASR(Task):
+class ASR(SpeechTask):
     """Transformer-Transducer ASR; WER per evaluation split. Dataset items are whole
     length buckets (``max_frames``), so this task's ``batch_size`` must be 1."""
 
     Config = ASRConfig
     primary_metric = "wer"
-    modality = "speech"
     higher_is_better = False
-    embedding_params = ("frontend", "cmvn")
 
     def __init__(self, cfg: ASRConfig, backbone):
         super().__init__(cfg, backbone)
-        self._splits: dict[str, list[Utterance]] = {}
         self._tokenizer: Tokenizer | None = None
         self._hyps: list[tuple[str, str, str, str]] = []
 
     # ------------------------------------------------------------------ data preparation
 
-    def utterances(self, split: str) -> list[Utterance]:
-        if split not in self._splits:
-            try:
-                self._splits[split] = read_split(self.cfg.data_dir, split, self.cfg.layout)
-            except SpeechDataError as e:
-                field_name = "train_splits" if split in self.cfg.train_splits else "eval_splits"
-                raise ConfigError(f"field {field_name!r}: {e}") from None
-        return self._splits[split]
-
-    def train_utterances(self) -> list[Utterance]:
-        return [u for s in self.cfg.train_splits for u in self.utterances(s)]
-
     def check(self) -> None:
         c = self.cfg
-        if not Path(c.data_dir).is_dir():
-            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
-                              f"(a demo corpus: foundation data make speech --out {c.data_dir})")
+        self.check_data_dir()
         for i in c.aux_layers:
             if not 0 <= i < self.backbone_cfg.depth:
                 raise ConfigError(f"field 'aux_layers': layer {i} does not exist in a {self.backbone_cfg.depth}-layer "
                                   "backbone (0-based)")
-        if self.backbone_cfg.arch != "encoder":
-            raise ConfigError(f"field 'backbone.arch': asr needs an 'encoder' backbone "
-                              f"(got {self.backbone_cfg.arch!r})")
+        self.check_encoder()
         if c.init_embed_from is not None and not Path(c.init_embed_from).is_file():
             raise ConfigError(f"field 'init_embed_from': not found: {c.init_embed_from}")
         for split in c.train_splits + c.eval_splits:
@@ -176,18 +124,13 @@ class ASR(Task):
         c = self.cfg
         if not c.tokenizer_path.is_file():
             texts = [u.text for u in self.train_utterances()]
-            _say(f"training a sentencepiece unigram tokenizer ({c.vocab_size} units) on {len(texts)} transcripts "
-                 f"-> {c.tokenizer_path}")
+            self.say(f"training a sentencepiece unigram tokenizer ({c.vocab_size} units) on {len(texts)} "
+                     f"transcripts -> {c.tokenizer_path}")
             try:
                 train_tokenizer(texts, c.tokenizer_path, c.vocab_size)
             except ValueError as e:
                 raise ConfigError(f"field 'vocab_size': {e}") from None
-        if not c.stats_path.is_file():
-            utts = self.train_utterances()
-            step = max(1, len(utts) // c.cmvn_max_utterances)
-            chosen = utts[::step][: c.cmvn_max_utterances]
-            _say(f"computing global CMVN statistics over {len(chosen)} training utterances -> {c.stats_path}")
-            save_stats(cmvn_stats(self.features(u) for u in chosen), c.stats_path)
+        self.prepare_cmvn()
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -200,9 +143,6 @@ class ASR(Task):
                 raise ConfigError(f"field 'vocab_size': {path} has {self._tokenizer.size - 1} units, "
                                   f"the config says {self.cfg.vocab_size}")
         return self._tokenizer
-
-    def features(self, utt: Utterance) -> torch.Tensor:
-        return fbank(load_audio(utt, self.cfg.sample_rate), self.cfg.sample_rate, self.cfg.num_mel_bins)
 
     def _dataset(self, splits: list[str]) -> BucketDataset:
         """Every utterance checked (audio header, transcript) before any training."""
@@ -247,10 +187,7 @@ class ASR(Task):
             aux_layers=c.aux_layers, aux_mlp_dim=c.aux_mlp_dim,
             specaug=specaug if c.freq_masks or c.time_masks else None,
         )
-        # what prepare() wrote, when it is there; a checkpoint brings its own values
-        if c.stats_path.is_file():
-            stats = np.load(c.stats_path)
-            head.cmvn.set_stats(float(stats["count"]), stats["sum"], stats["sum_square"])
+        self.load_cmvn(head.cmvn)
         if c.tokenizer_path.is_file():
             head.tokenizer_crc.fill_(self.tokenizer.crc)
         if c.init_embed_from is not None:
@@ -258,11 +195,11 @@ class ASR(Task):
             # so a file gone since training is no error there (as classification's)
             if Path(c.init_embed_from).is_file():
                 try:
-                    load_frontend(head, c.init_embed_from, log=lambda m: _say(m))
+                    load_frontend(head, c.init_embed_from, log=self.say)
                 except ValueError as e:
                     raise ConfigError(f"field 'init_embed_from': {e}") from None
             else:
-                _say(f"init_embed_from {c.init_embed_from} not found; the front end keeps its initialisation")
+                self.say(f"init_embed_from {c.init_embed_from} not found; the front end keeps its initialisation")
         return head
 
     # ------------------------------------------------------------------ evaluation
@@ -303,7 +240,7 @@ class ASR(Task):
     def metrics(self, totals) -> dict[str, float]:
         if self.cfg.hyp_dir:
             self._write_hyps(Path(self.cfg.hyp_dir))
-            _say(f"{self.cfg.decoding} hypotheses and references: {self.cfg.hyp_dir}/"
+            self.say(f"{self.cfg.decoding} hypotheses and references: {self.cfg.hyp_dir}/"
                  f"{{{','.join(self.cfg.eval_splits)}}}/{{hyp,ref}}.txt")
         self._hyps = []
         return asr_metrics(self.cfg.eval_splits, totals)

@@ -1,7 +1,7 @@
-"""Untranscribed speech for BEST-RQ: the ASR task's layouts without the transcripts, and
-span masking of the input frames.
+"""Untranscribed speech for BEST-RQ, and span masking of the input frames.
 
-Readers (``Utterance`` records with empty text; audio headers are checked up front):
+The utterances come from ``tasks.speech_common.corpus`` without transcripts (``Utterance``
+records with empty text; audio headers are checked up front):
 
 * LibriSpeech layout: every ``<split>/<speaker>/<chapter>/*.flac`` (a ``trans.txt`` beside
   them is allowed, not needed: LibriSpeech, Libri-Light-style folders);
@@ -13,48 +13,15 @@ seeded per item (new masks every epoch in training, the same ones at every evalu
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tasks.asr.data import LAYOUTS, FeatureCache, SpeechDataError, Utterance, wav_path
+from tasks.speech_common.corpus import Utterance
+from tasks.speech_common.features import FeatureCache
 from tasks.vl_common.images import item_seed
-
-AUDIO_SUFFIXES = (".flac", ".wav")
-
-
-def read_audio_librispeech(split_dir: str | Path) -> list[Utterance]:
-    root = Path(split_dir)
-    if not root.is_dir():
-        raise SpeechDataError(f"LibriSpeech split not found: {root}")
-    files = sorted(p for p in root.glob("*/*/*") if p.suffix.lower() in AUDIO_SUFFIXES)
-    if not files:
-        raise SpeechDataError(f"{root}: no <speaker>/<chapter>/*.flac files (is this a LibriSpeech split?)")
-    return [Utterance(p.stem, str(p), "", p.parent.parent.name) for p in files]
-
-
-def read_audio_kaldi(data_dir: str | Path) -> list[Utterance]:
-    from espnet2.fileio.read_text import read_2columns_text
-
-    root = Path(data_dir)
-    if not (root / "wav.scp").is_file():
-        raise SpeechDataError(f"Kaldi data dir {root}: wav.scp not found")
-    wavs = read_2columns_text(root / "wav.scp")
-    spk = read_2columns_text(root / "utt2spk") if (root / "utt2spk").is_file() else {}
-    out = [Utterance(utt, wav_path(root, utt, path), "", spk.get(utt, "")) for utt, path in wavs.items()]
-    if not out:
-        raise SpeechDataError(f"{root}/wav.scp is empty")
-    return out
-
-
-def read_audio_split(root: str | Path, split: str, layout: str) -> list[Utterance]:
-    if layout not in LAYOUTS:
-        raise SpeechDataError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    reader = read_audio_librispeech if layout == "librispeech" else read_audio_kaldi
-    return reader(Path(root) / split)
 
 
 def span_mask(frames: int, prob: float, span: int, rng: np.random.Generator) -> np.ndarray:

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from foundation.embed import VGGSubsampling
-from tasks.asr.model import GlobalCMVN, padding_mask
 from tasks.best_rq.quantizer import RandomProjectionQuantizer
+from tasks.speech_common.frontend import GlobalCMVN, padding_mask
 
 STACK = 4  # input frames per encoder frame (VGGSubsampling: 10 ms -> 40 ms)
 EXPERT = "speech"  # the expert the speech tokens take in a multiway backbone

@@ -12,8 +12,8 @@
         mask_span: 40                     # 400 ms; masked frames become N(0, 0.1^2) noise
 
 The features are 80-dim filterbanks normalised with global CMVN statistics of the
-training data (the ASR task's file, ``<prep_dir>/feats_stats_fbank80.npz``, computed if
-missing); targets come from 4 stacked frames, one per encoder frame of the VGG front end.
+training data (``tasks.speech_common``: the file the ASR task reads too,
+``<prep_dir>/feats_stats_fbank80.npz``, computed if missing); targets come from 4 stacked frames, one per encoder frame of the VGG front end.
 Evaluation reports the accuracy of the predicted codes on the masked encoder frames of
 the evaluation splits (fixed masks and noise), their cross-entropy and the fraction of
 input frames masked. Fine-tune ASR from a run with ``init_from`` (backbone) and the ASR
@@ -21,27 +21,23 @@ task's ``init_embed_from`` (the VGG front end).
 """
 from __future__ import annotations
 
-import os
-import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import List, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from foundation.config import ConfigError
-from foundation.engine.task import Task, register_task
-from tasks.asr.data import SpeechDataError, Utterance, audio_frames, cmvn_stats, fbank, load_audio, save_stats
-from tasks.asr.task import check_speech_fields
-from tasks.best_rq.data import SpeechDataset, collate, read_audio_split
+from foundation.engine.task import register_task
+from tasks.best_rq.data import SpeechDataset, collate
 from tasks.best_rq.metrics import best_rq_metrics, best_rq_sums
 from tasks.best_rq.model import EXPERT, BestRQHead
+from tasks.speech_common.features import audio_frames
+from tasks.speech_common.task import SpeechFields, SpeechTask, check_speech_fields
 
 
 @dataclass
-class BestRQConfig:
+class BestRQConfig(SpeechFields):
     # data: <data_dir>/<split> in the LibriSpeech layout, or Kaldi data dirs (layout: kaldi); no transcripts needed
     data_dir: str = "data/LibriSpeech"
     layout: str = "librispeech"  # librispeech | kaldi
@@ -80,78 +76,35 @@ class BestRQConfig:
         if self.mask_noise_std < 0:
             raise bad("mask_noise_std", "must be >= 0")
 
-    @property
-    def prep_path(self) -> Path:
-        return Path(self.prep_dir) if self.prep_dir else Path(self.data_dir) / "prep" / "+".join(self.train_splits)
-
-    @property
-    def stats_path(self) -> Path:
-        return self.prep_path / f"feats_stats_fbank{self.num_mel_bins}.npz"  # the asr task's file
-
-
-def _say(message: str) -> None:
-    if int(os.environ.get("RANK", 0)) == 0:
-        print(f"[best_rq] {message}", file=sys.stderr, flush=True)
-
 
 @register_task("best_rq")
-class BestRQ(Task):
+class BestRQ(SpeechTask):
+    """BEST-RQ pretraining of the backbone's speech expert; reads the audio alone."""
+
     Config = BestRQConfig
     primary_metric = "accuracy"
     higher_is_better = True
     modality = EXPERT
-    embedding_params = ("frontend", "cmvn")
-
-    def __init__(self, cfg: BestRQConfig, backbone):
-        super().__init__(cfg, backbone)
-        self._splits: dict[str, list[Utterance]] = {}
-
-    def utterances(self, split: str) -> list[Utterance]:
-        if split not in self._splits:
-            try:
-                self._splits[split] = read_audio_split(self.cfg.data_dir, split, self.cfg.layout)
-            except SpeechDataError as e:
-                field_name = "train_splits" if split in self.cfg.train_splits else "eval_splits"
-                raise ConfigError(f"field {field_name!r}: {e}") from None
-        return self._splits[split]
+    transcripts = False
 
     def check(self) -> None:
         c, b = self.cfg, self.backbone_cfg
-        if not Path(c.data_dir).is_dir():
-            raise ConfigError(f"field 'data_dir': directory not found: {c.data_dir} "
-                              f"(a demo corpus: foundation data make speech --out {c.data_dir})")
-        if b.arch != "encoder":
-            raise ConfigError(f"field 'backbone.arch': best_rq needs an 'encoder' backbone (got {b.arch!r})")
+        self.check_data_dir()
+        self.check_encoder()
         if b.experts and EXPERT not in b.experts:
             raise ConfigError(f"field 'backbone.experts': the speech frames take the {EXPERT!r} expert, which "
                               f"{list(b.experts)} lacks")
         for split in c.train_splits + c.eval_splits:
             for u in self.utterances(split):  # every audio header, before any training
                 audio_frames(u, c.sample_rate)
-        self.prepare()
-
-    def features(self, utt: Utterance) -> torch.Tensor:
-        return fbank(load_audio(utt, self.cfg.sample_rate), self.cfg.sample_rate, self.cfg.num_mel_bins)
-
-    def prepare(self) -> None:
-        """The global CMVN statistics, once (the ASR task's stage and file)."""
-        c = self.cfg
-        if c.stats_path.is_file():
-            return
-        utts = [u for s in c.train_splits for u in self.utterances(s)]
-        step = max(1, len(utts) // c.cmvn_max_utterances)
-        chosen = utts[::step][: c.cmvn_max_utterances]
-        _say(f"computing global CMVN statistics over {len(chosen)} training utterances -> {c.stats_path}")
-        save_stats(cmvn_stats(self.features(u) for u in chosen), c.stats_path)
+        self.prepare_cmvn()
 
     def build_head(self) -> BestRQHead:
         c = self.cfg
         head = BestRQHead(dim=self.backbone_cfg.dim, num_mel_bins=c.num_mel_bins, vgg_channels=c.vgg_channels,
                           codebook_size=c.codebook_size, codebook_dim=c.codebook_dim, num_codebooks=c.num_codebooks,
                           quantizer_seed=c.quantizer_seed, mask_noise_std=c.mask_noise_std)
-        if c.stats_path.is_file():  # what prepare() wrote; a checkpoint brings its own values
-            stats = np.load(c.stats_path)
-            head.cmvn.set_stats(float(stats["count"]), stats["sum"], stats["sum_square"])
+        self.load_cmvn(head.cmvn)
         return head
 
     def _dataset(self, train: bool) -> SpeechDataset:

@@ -18,15 +18,13 @@ of (seed, split, index): the same seed gives the same files on any machine.
 """
 from __future__ import annotations
 
-import argparse
 import math
-import shutil
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from foundation.engine.demo_cli import demo_parser, free_out, timed
 
 CLASSES = ("circle", "ring", "square", "triangle", "star", "cross", "crescent", "heart", "arrow", "bowtie")
 SPLITS = {"train": 0, "val": 1}
@@ -194,32 +192,24 @@ def write_dataset(out: Path, *, seed: int = 0, size: int = 32, train_per_class: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="foundation data make vision",
-                                description="Write the vision demo data set (drawn shapes) in ImageNet's "
-                                            "layout: OUT/{train,val}/<class>/*.JPEG.")
-    p.add_argument("--out", type=Path, required=True, help="output directory")
-    p.add_argument("--seed", type=int, default=0)
+    p = demo_parser("vision", "Write the vision demo data set (drawn shapes) in ImageNet's layout: "
+                              "OUT/{train,val}/<class>/*.JPEG.")
     p.add_argument("--size", type=int, default=32, help="image side in pixels (default 32)")
     p.add_argument("--train-per-class", type=int, default=300)
     p.add_argument("--val-per-class", type=int, default=50)
     p.add_argument("--classes", type=int, default=len(CLASSES), help=f"number of classes, 2..{len(CLASSES)}")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it already holds files")
     a = p.parse_args(argv)
-    if a.out.exists() and any(a.out.iterdir()):
-        if not a.overwrite:
-            print(f"foundation data make vision: {a.out} is not empty; pass --overwrite to replace it", file=sys.stderr)
-            return 2
-        shutil.rmtree(a.out)
-    start = time.perf_counter()
-    try:
-        counts = write_dataset(a.out, seed=a.seed, size=a.size, train_per_class=a.train_per_class,
-                               val_per_class=a.val_per_class, num_classes=a.classes)
-    except (ValueError, OSError) as e:
-        print(f"foundation data make vision: {e}", file=sys.stderr)
+    if not free_out("vision", a.out, a.overwrite, "--overwrite"):
         return 2
+    done = timed("vision", lambda: write_dataset(a.out, seed=a.seed, size=a.size, train_per_class=a.train_per_class,
+                                                 val_per_class=a.val_per_class, num_classes=a.classes),
+                 (ValueError, OSError))
+    if done is None:
+        return 2
+    counts, seconds = done
     print(f"wrote {counts['train']} train + {counts['val']} val images ({a.size}x{a.size}, {a.classes} classes: "
-          f"{', '.join(CLASSES[:a.classes])}) to {a.out}/{{train,val}}/<class>/*.JPEG in "
-          f"{time.perf_counter() - start:.1f} s")
+          f"{', '.join(CLASSES[:a.classes])}) to {a.out}/{{train,val}}/<class>/*.JPEG in {seconds:.1f} s")
     return 0
 
 

@@ -19,12 +19,12 @@ just colour. Image i of a split is a pure function of (seed, split, i).
 """
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from foundation.engine.demo_cli import demo_parser, timed
 
 WALL, BUILDING, SKY, FLOOR, TREE, CEILING, ROAD, BED = range(1, 9)
 NUM_CLASSES = 8
@@ -134,11 +134,9 @@ def write(out: Path, seed: int, n_train: int, n_val: int, height: int, width: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="foundation data make segmentation",
-                                description="Write procedural scenes with per-pixel labels in the ADE20k layout "
-                                            "(0 = other, 1..8 = the first 8 ADE20k classes).")
-    p.add_argument("--out", type=Path, required=True, help="data root (becomes the ADEChallengeData2016 equivalent)")
-    p.add_argument("--seed", type=int, default=0)
+    p = demo_parser("segmentation", "Write procedural scenes with per-pixel labels in the ADE20k layout "
+                                    "(0 = other, 1..8 = the first 8 ADE20k classes).",
+                    out_help="data root (becomes the ADEChallengeData2016 equivalent)")
     p.add_argument("--train", type=int, default=400, help="training images")
     p.add_argument("--val", type=int, default=100, help="validation images")
     p.add_argument("--height", type=int, default=72, help="image height in pixels")
@@ -146,10 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if min(a.height, a.width) < 16 or a.train < 1 or a.val < 1:
         p.error("--height / --width must be >= 16 and --train / --val >= 1")
-    start = time.perf_counter()
-    counts = write(a.out, a.seed, a.train, a.val, a.height, a.width)
+    counts, seconds = timed("segmentation", lambda: write(a.out, a.seed, a.train, a.val, a.height, a.width))
     print(f"wrote {counts['training']} training and {counts['validation']} validation scenes "
-          f"({a.width}x{a.height}, {NUM_CLASSES} classes + other) to {a.out} in {time.perf_counter() - start:.1f} s")
+          f"({a.width}x{a.height}, {NUM_CLASSES} classes + other) to {a.out} in {seconds:.1f} s")
     print(f"  train: foundation train configs/segmentation/tiny_magneto.yaml tasks.segmentation.data_root={a.out}")
     return 0
 

@@ -31,15 +31,14 @@ import argparse
 import json
 import math
 import re
-import shutil
-import sys
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
+
+from foundation.engine.demo_cli import demo_parser, free_out, timed
 
 COLORS = {"red": (215, 45, 40), "green": (40, 160, 60), "blue": (45, 85, 215),
           "yellow": (230, 200, 30), "purple": (145, 60, 185), "gray": (120, 120, 120)}
@@ -427,10 +426,8 @@ def write_dataset(out: Path, *, seed: int = 0, image_size: int = 48, vqa_train: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="foundation data make vl", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True, help="output directory (vqa/, nlvr2/, coco/, text/)")
-    p.add_argument("--seed", type=int, default=0)
+    p = demo_parser("vl", __doc__.split("\n\n")[0], out_help="output directory (vqa/, nlvr2/, coco/, text/)",
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image-size", type=int, default=48)
     p.add_argument("--vqa-train", type=int, default=2000, help="training images (questions-per-image questions each)")
     p.add_argument("--vqa-val", type=int, default=300)
@@ -448,16 +445,13 @@ def main(argv: list[str] | None = None) -> int:
         scene = SceneSpec(a.object_size, *a.objects)
     except ValueError as e:
         p.error(str(e))
-    if a.out.exists() and any(a.out.iterdir()):
-        if not a.force:
-            print(f"foundation data make vl: {a.out} is not empty (--force replaces it)", file=sys.stderr)
-            return 2
-        shutil.rmtree(a.out)
-    start = time.perf_counter()
-    counts = write_dataset(a.out, seed=a.seed, image_size=a.image_size, vqa_train=a.vqa_train, vqa_val=a.vqa_val,
-                           questions_per_image=a.questions_per_image, nlvr2_train=a.nlvr2_train,
-                           nlvr2_dev=a.nlvr2_dev, text_lines=a.text_lines, scene=scene)
-    print(f"wrote {a.out} in {time.perf_counter() - start:.1f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+    if not free_out("vl", a.out, a.force, "--force"):
+        return 2
+    counts, seconds = timed("vl", lambda: write_dataset(
+        a.out, seed=a.seed, image_size=a.image_size, vqa_train=a.vqa_train, vqa_val=a.vqa_val,
+        questions_per_image=a.questions_per_image, nlvr2_train=a.nlvr2_train, nlvr2_dev=a.nlvr2_dev,
+        text_lines=a.text_lines, scene=scene))
+    print(f"wrote {a.out} in {seconds:.1f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     print(f"  {a.out}/vqa      VQA v2 layout (train2014 / val2014)     -> configs/vl/tiny_vqa_*.yaml")
     print(f"  {a.out}/nlvr2    NLVR2 layout (train / dev)              -> configs/vl/tiny_nlvr2_*.yaml")
     print(f"  {a.out}/coco     COCO captions layout (images in vqa/)    -> configs/vl/tiny_pretrain_*.yaml")

@@ -1,5 +1,6 @@
-"""Speech data: the eSpeak NG demo corpus, LibriSpeech / Kaldi readers, clear errors,
-sentencepiece, CMVN and length buckets, on a handful of synthesised utterances."""
+"""ASR data: the eSpeak NG demo corpus, clear errors naming the utterance, sentencepiece,
+the task's CMVN statistics and length buckets, on a handful of synthesised utterances
+(the readers and features themselves: tests/tasks/speech_common)."""
 from __future__ import annotations
 
 import shutil
@@ -8,26 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import soundfile as sf
-import torch
 
 from foundation.config import ConfigError
-from tasks.asr.data import (audio_frames, cmvn_stats, fbank, length_buckets, load_audio, num_frames,
-                            SpeechDataError, read_kaldi_dir, read_librispeech)
+from tasks.asr.data import length_buckets
 from tasks.asr.demo import VOICES, make_corpus
-from tasks.asr.model import GlobalCMVN
 from tasks.asr.task import ASR, ASRConfig
 from tasks.asr.tokenizer import Tokenizer, TranscriptError, train_tokenizer
-
-SIX_VOICES = VOICES[:3] + VOICES[8:11]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("speech")
-    counts = make_corpus(out, seed=3, utts_per_voice={"train": 8, "dev": 2, "test": 2}, n_dev_voices=1,
-                         n_test_voices=1, voices=SIX_VOICES)
-    assert counts == {"train": 32, "dev": 2, "test": 2}
-    return out
+from tasks.speech_common.corpus import read_librispeech
 
 
 def speakers_of(root: Path, split: str) -> set[str]:
@@ -49,9 +37,9 @@ def test_demo_corpus_is_deterministic(tmp_path):
     assert texts[0] == texts[1]
 
 
-def test_demo_corpus_layout_and_held_out_voices(corpus):
+def test_demo_corpus_layout_and_held_out_voices(speech_corpus):
     for split in ("train", "dev", "test"):
-        for trans in (corpus / split).glob("*/*/*.trans.txt"):
+        for trans in (speech_corpus / split).glob("*/*/*.trans.txt"):
             spk, chapter = trans.parent.parent.name, trans.parent.name
             assert trans.name == f"{spk}-{chapter}.trans.txt"
             for line in trans.read_text().splitlines():
@@ -59,45 +47,14 @@ def test_demo_corpus_layout_and_held_out_voices(corpus):
                 assert utt.startswith(f"{spk}-{chapter}-") and text == text.upper()
                 info = sf.info(trans.parent / f"{utt}.flac")
                 assert info.samplerate == 16000 and 0.3 < info.duration < 6
-    train, dev, test = (speakers_of(corpus, s) for s in ("train", "dev", "test"))
+    train, dev, test = (speakers_of(speech_corpus, s) for s in ("train", "dev", "test"))
     assert len(train) == 4 and not (train & dev) and not (train & test) and not (dev & test)
-    listing = (corpus / "SPEAKERS.TXT").read_text()
+    listing = (speech_corpus / "SPEAKERS.TXT").read_text()
     assert all(f"| {s:<6} |" in listing for s in ("train", "dev", "test"))
 
 
-def test_librispeech_and_kaldi_readers_agree(corpus, tmp_path):
-    libri = read_librispeech(corpus / "train")
-    assert len(libri) == 32 and all(Path(u.audio).is_file() and u.text and u.speaker for u in libri)
-    kaldi = tmp_path / "kaldi"
-    kaldi.mkdir()
-    (kaldi / "wav.scp").write_text("".join(f"{u.id} {u.audio}\n" for u in libri))
-    (kaldi / "text").write_text("".join(f"{u.id} {u.text}\n" for u in libri))
-    (kaldi / "utt2spk").write_text("".join(f"{u.id} {u.speaker}\n" for u in libri))
-    assert sorted(read_kaldi_dir(kaldi), key=lambda u: u.id) == sorted(libri, key=lambda u: u.id)
-
-
-def test_features_lengths_cmvn_and_espnet_global_mvn(corpus, tmp_path):
-    from espnet2.layers.global_mvn import GlobalMVN
-
-    utts = read_librispeech(corpus / "train")[:4]
-    feats = [fbank(load_audio(u, 16000), 16000) for u in utts]
-    for u, f in zip(utts, feats):
-        assert f.shape == (audio_frames(u, 16000), 80)
-        assert f.shape[0] == num_frames(sf.info(u.audio).frames, 16000)
-    stats = cmvn_stats(feats)
-    cat = torch.cat(feats).double()
-    assert int(stats["count"]) == cat.shape[0]
-    cmvn = GlobalCMVN(80)
-    cmvn.set_stats(float(stats["count"]), stats["sum"], stats["sum_square"])
-    normed = cmvn(cat[None].float(), torch.tensor([cat.shape[0]]))[0]
-    assert normed.mean(0).abs().max() < 1e-3 and (normed.std(0) - 1).abs().max() < 1e-2
-    np.savez(tmp_path / "feats_stats.npz", **stats)  # ESPnet's own GlobalMVN reads our statistics
-    theirs, _ = GlobalMVN(tmp_path / "feats_stats.npz")(cat[None].float(), torch.tensor([cat.shape[0]]))
-    assert torch.allclose(theirs[0], normed, atol=1e-3)
-
-
-def test_tokenizer_round_trip_and_unknown_characters(corpus, tmp_path):
-    texts = [u.text for u in read_librispeech(corpus / "train")]
+def test_tokenizer_round_trip_and_unknown_characters(speech_corpus, tmp_path):
+    texts = [u.text for u in read_librispeech(speech_corpus / "train")]
     path = train_tokenizer(texts, tmp_path / "sp.model", vocab_size=30)
     tok = Tokenizer(path)
     assert tok.size == 31 and tok.units()[0] == "<blank>"
@@ -123,11 +80,11 @@ def test_length_buckets_cover_every_utterance_once():
 
 
 @pytest.fixture(scope="module")
-def prep(corpus, tmp_path_factory) -> Path:
-    """Tokenizer + CMVN statistics of the corpus's training split, shared by the error tests
+def prep(speech_corpus, tmp_path_factory) -> Path:
+    """Tokenizer + CMVN statistics of the speech_corpus's training split, shared by the error tests
     (they break dev utterances only)."""
     path = tmp_path_factory.mktemp("prep")
-    make_task(corpus, path).prepare()
+    make_task(speech_corpus, path).prepare()
     return path
 
 
@@ -139,8 +96,8 @@ def make_task(root: Path, prep: Path, **kw) -> ASR:
     return ASR(cfg, BackboneConfig(dim=32, depth=2, heads=4, rel_pos="1d"))
 
 
-def test_task_prepares_tokenizer_and_stats_and_batches(corpus, tmp_path):
-    task = make_task(corpus, tmp_path / "prep", max_frames=800)
+def test_task_prepares_tokenizer_and_stats_and_batches(speech_corpus, tmp_path):
+    task = make_task(speech_corpus, tmp_path / "prep", max_frames=800)
     task.check()
     assert (tmp_path / "prep" / "unigram30.model").is_file()
     assert (tmp_path / "prep" / "feats_stats_fbank80.npz").is_file()
@@ -159,9 +116,9 @@ def test_task_prepares_tokenizer_and_stats_and_batches(corpus, tmp_path):
         task.collate([train[0], train[0]])
 
 
-def broken_copy(corpus: Path, tmp_path: Path) -> tuple[Path, str, Path]:
+def broken_copy(speech_corpus: Path, tmp_path: Path) -> tuple[Path, str, Path]:
     root = tmp_path / "broken"
-    shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("prep"))
+    shutil.copytree(speech_corpus, root, ignore=shutil.ignore_patterns("prep"))
     trans = sorted((root / "dev").glob("*/*/*.trans.txt"))[0]
     utt = trans.read_text().split()[0]
     return root, utt, trans.parent / f"{utt}.flac"
@@ -172,15 +129,15 @@ def expect_error(root: Path, prep: Path, pattern: str) -> None:
         make_task(root, prep).check()
 
 
-def test_missing_audio_is_named(corpus, prep, tmp_path):
-    root, utt, flac = broken_copy(corpus, tmp_path)
+def test_missing_audio_is_named(speech_corpus, prep, tmp_path):
+    root, utt, flac = broken_copy(speech_corpus, tmp_path)
     flac.unlink()
     expect_error(root, prep, rf"dev: utterance {utt}: audio file not found: .*{utt}\.flac")
 
 
 @pytest.mark.parametrize("how", ["0 bytes", "0 samples"])
-def test_empty_audio_is_named(corpus, prep, tmp_path, how):
-    root, utt, flac = broken_copy(corpus, tmp_path)
+def test_empty_audio_is_named(speech_corpus, prep, tmp_path, how):
+    root, utt, flac = broken_copy(speech_corpus, tmp_path)
     if how == "0 bytes":  # e.g. an interrupted copy
         flac.write_bytes(b"")
     else:  # a valid file without samples (libsndfile cannot write an empty FLAC; WAV content)
@@ -188,39 +145,17 @@ def test_empty_audio_is_named(corpus, prep, tmp_path, how):
     expect_error(root, prep, rf"dev: utterance {utt}: .* is empty \({how}\)")
 
 
-def test_wrong_sample_rate_is_named(corpus, prep, tmp_path):
-    root, utt, flac = broken_copy(corpus, tmp_path)
+def test_wrong_sample_rate_is_named(speech_corpus, prep, tmp_path):
+    root, utt, flac = broken_copy(speech_corpus, tmp_path)
     sf.write(flac, np.zeros(8000, np.float32), 8000, format="FLAC")
     expect_error(root, prep, rf"dev: utterance {utt}: .* sampled at 8000 Hz, expected 16000 Hz")
 
 
-def test_transcript_outside_vocabulary_is_named(corpus, prep, tmp_path):
-    root, utt, _ = broken_copy(corpus, tmp_path)
+def test_transcript_outside_vocabulary_is_named(speech_corpus, prep, tmp_path):
+    root, utt, _ = broken_copy(speech_corpus, tmp_path)
     trans = next(p for p in (root / "dev").glob("*/*/*.trans.txt") if utt in p.read_text())
     trans.write_text(trans.read_text().replace(f"{utt} ", f"{utt} ÜBER ", 1))
     expect_error(root, prep, rf"dev: utterance {utt}: transcript 'ÜBER .*' has characters outside .*'Ü'")
-
-
-def test_missing_kaldi_entries_are_named(tmp_path):
-    (tmp_path / "wav.scp").write_text("a /nowhere/a.wav\n")
-    (tmp_path / "text").write_text("a HELLO\nb WORLD\n")
-    with pytest.raises(ConfigError, match="utterance b has a transcript in text but no entry in wav.scp"):
-        read_kaldi_dir(tmp_path)
-
-
-def test_kaldi_wav_paths_relative_to_the_data_dir_and_no_pipes(tmp_path):
-    from tasks.best_rq.data import read_audio_kaldi
-
-    (tmp_path / "wav").mkdir()
-    (tmp_path / "wav" / "a.wav").write_bytes(b"")
-    (tmp_path / "wav.scp").write_text("a wav/a.wav\nb /abs/b.wav\n")
-    (tmp_path / "text").write_text("a HELLO\nb WORLD\n")
-    for read in (read_kaldi_dir, read_audio_kaldi):  # ASR and BEST-RQ (no transcripts) read wav.scp alike
-        assert [u.audio for u in read(tmp_path)] == [str(tmp_path / "wav" / "a.wav"), "/abs/b.wav"]
-    (tmp_path / "wav.scp").write_text("a wav/a.wav\nb sox b.flac -t wav - |\n")
-    for read in (read_kaldi_dir, read_audio_kaldi):
-        with pytest.raises(SpeechDataError, match=r"wav.scp: utterance b: piped commands are not supported"):
-            read(tmp_path)
 
 
 def test_missing_espeak_says_how_to_install(monkeypatch, tmp_path, capsys):

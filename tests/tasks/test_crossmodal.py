@@ -1,18 +1,14 @@
-"""BEST-RQ (frozen, seeded quantizer; span masking as configured; loss drops on a fixed
-batch) and cross-modal pretraining of one backbone: vision MIM, BEiT-3 masked data
-modeling and BEST-RQ speech through the engine's multi-task mix. A step of one modality
+"""Cross-modal pretraining of one backbone: vision MIM, BEiT-3 masked data modeling and
+BEST-RQ speech (tests/tasks/best_rq) through the engine's multi-task mix. A step of one modality
 updates that modality's expert (and what is shared) and no other; a plain backbone
 fine-tuned from a multiway checkpoint takes the right expert's weights."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from foundation import checkpoint
@@ -22,39 +18,17 @@ from foundation.engine.loop import build_model, train
 from foundation.engine.model import ModelConfig, MultiTaskModel, load_backbone
 from foundation.engine.optim import build_optimizer
 from foundation.multiway import adapt_state, state_experts
-from tasks.asr.demo import VOICES, make_corpus
-from tasks.best_rq.data import span_mask
-from tasks.best_rq.model import STACK, stack_frames
-from tasks.best_rq.quantizer import RandomProjectionQuantizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BACKBONE = {"dim": 16, "depth": 2, "heads": 2, "ffn_dim": 32, "rel_pos": "1d"}
 EXPERTS = ["vision", "text", "speech"]
 ENGINE = {"log": {"progress": False, "tensorboard": False}, "optim": {"lr": 2e-3}, "eval": {"max_batches": 2}}
-SENTENCES = ["GO LEFT", "STOP", "OPEN THE RED DOOR", "CALL NINE ONE"]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------------------- tiny data
-
-
-@pytest.fixture(scope="module")
-def speech(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("speech")
-    make_corpus(out, seed=3, utts_per_voice={"train": 4, "dev": 2, "test": 1}, n_dev_voices=1, n_test_voices=1,
-                voices=VOICES[:4], sentences=SENTENCES)
-    return out
-
-
-@pytest.fixture(scope="module")
-def vision(tmp_path_factory) -> Path:
-    from tasks.classification import demo
-
-    root = tmp_path_factory.mktemp("vision") / "demo"
-    demo.write_dataset(root, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +39,15 @@ def vl(tmp_path_factory) -> Path:
     write_dataset(out, seed=1, image_size=32, vqa_train=8, vqa_val=4, questions_per_image=2, nlvr2_train=4,
                   nlvr2_dev=4, text_lines=40)
     return out
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory) -> Path:
+    from tasks.classification import demo
+
+    root = tmp_path_factory.mktemp("vision") / "demo"
+    demo.write_dataset(root, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +64,7 @@ def tokenizer(vision, tmp_path_factory) -> Path:
     return path
 
 
-def best_rq_task(speech: Path, **extra) -> dict:
-    return {"name": "best_rq", "id": "speech", "data_dir": str(speech), "train_splits": ["train"],
-            "eval_splits": ["dev"], "vgg_channels": [4, 8], "codebook_size": 64, "codebook_dim": 8, "cache_features": True,
-            "mask_prob": 0.05, "mask_span": 10, **extra}
-
-
-def crossmodal_tasks(speech: Path, vision: Path, vl: Path, tokenizer: Path) -> list[dict]:
+def crossmodal_tasks(best_rq: dict, vision: Path, vl: Path, tokenizer: Path) -> list[dict]:
     front = {"name": "vl_pretrain", "img_size": 32, "patch_size": 8, "max_text_len": 24, "text_positions": 32,
              "visual_vocab_size": 32, "visual_code_dim": 8}
     return [
@@ -100,13 +77,13 @@ def crossmodal_tasks(speech: Path, vision: Path, vl: Path, tokenizer: Path) -> l
         {**front, "id": "pair", "kind": "pair", "train_data": str(vl / "coco/annotations/captions_train2014.json"),
          "train_images": str(vl / "vqa/train2014"), "eval_data": str(vl / "coco/annotations/captions_val2014.json"),
          "eval_images": str(vl / "vqa/val2014")},
-        best_rq_task(speech, batch_size=4),
+        best_rq,
     ]
 
 
-def build(backbone: dict, tasks: list[dict], check_data: bool = False, seed: int = 0) -> MultiTaskModel:
-    cfg, specs = resolve({"backbone": backbone, "tasks": tasks}, check_data=check_data)
-    torch.manual_seed(seed)
+def build(backbone: dict, tasks: list[dict]) -> MultiTaskModel:
+    cfg, specs = resolve({"backbone": backbone, "tasks": tasks}, check_data=False)
+    torch.manual_seed(0)
     return MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
 
 
@@ -116,108 +93,12 @@ def batch_of(model: MultiTaskModel, task_id: str, n: int = 4):
     return task.collate([data[i] for i in range(n)])
 
 
-# ---------------------------------------------------------------------------- BEST-RQ
-
-
-def test_quantizer_is_the_nearest_normalised_code_and_seeded():
-    q = RandomProjectionQuantizer(4 * 10, code_dim=8, vocab_size=50, num_codebooks=2, seed=3)
-    x = torch.randn(3, 7, 40)
-    ids = q(x)
-    assert ids.shape == (3, 7, 2) and ids.dtype == torch.long
-    for k in range(2):  # brute force: l2 distance between the normalised projection and the unit codes
-        y = F.normalize(x.reshape(-1, 40) @ q.projection[k], dim=-1)
-        assert torch.allclose(q.codebook[k].norm(dim=-1), torch.ones(50))
-        assert torch.equal(torch.cdist(y, q.codebook[k]).argmin(-1), ids[..., k].reshape(-1))
-    # Xavier-uniform projection, N(0, 1) codebook before normalisation: the seed alone decides both
-    assert q.projection.abs().max() <= math.sqrt(6 / (40 + 8))
-    torch.manual_seed(123)  # the global RNG plays no part
-    same, other = RandomProjectionQuantizer(40, 8, 50, 2, seed=3), RandomProjectionQuantizer(40, 8, 50, 2, seed=4)
-    assert torch.equal(same.projection, q.projection) and torch.equal(same.codebook, q.codebook)
-    assert not torch.equal(other.codebook, q.codebook)
-    assert list(q.parameters()) == [] and {n for n, _ in q.named_buffers()} == {"projection", "codebook"}
-
-
-@pytest.mark.parametrize("prob,span", [(0.01, 40), (0.05, 10)])
-def test_span_mask_statistics_match_the_config(prob, span):
-    rng = np.random.default_rng(0)
-    masks = [span_mask(4000, prob, span, rng) for _ in range(20)]
-    ratio = np.mean([m[span:-span].mean() for m in masks])  # away from the edges
-    assert ratio == pytest.approx(1 - (1 - prob) ** span, abs=0.02)
-    runs = []  # (start, length) of the masked runs not cut by the end
-    for m in masks:
-        edges = np.flatnonzero(np.diff(np.r_[0, m.astype(int), 0]))
-        runs += [(a, b - a) for a, b in zip(edges[::2], edges[1::2]) if b < len(m)]
-    assert len(runs) > 100 and min(n for _, n in runs) >= span  # whole spans (joined when they overlap)
-
-
-def test_best_rq_data_masks_targets_and_frozen_quantizer(speech):
-    model = build(BACKBONE, [best_rq_task(speech)], check_data=True)  # check() writes the CMVN statistics
-    task, head = model.tasks["speech"], model.heads["speech"]
-    assert (Path(speech) / "prep/train/feats_stats_fbank80.npz").is_file()  # the asr task's file
-    assert head.cmvn.frames > 0
-    # the quantizer: buffers, no gradients, not in the optimizer, in the checkpoint
-    opt = build_optimizer(model, OptimConfig())
-    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
-    assert not any(id(b) in in_opt for b in head.quantizer.buffers())
-    assert list(head.quantizer.parameters()) == []
-    state = model.state_dict()
-    assert {"heads.speech.quantizer.projection", "heads.speech.quantizer.codebook"} <= state.keys()
-    # masks: fixed for evaluation, redrawn for training; ~1 - 0.95^10 of the frames
-    ev = task.eval_dataset()
-    assert all(torch.equal(ev[i][1], ev[i][1]) for i in range(len(ev)))
-    tr = task.train_dataset()
-    assert not all(torch.equal(tr[0][1], tr[0][1]) for _ in range(5))
-    ratio = torch.cat([tr[i][1] for i in range(len(tr)) for _ in range(5)]).float().mean()
-    assert 0.25 < ratio < 0.5, ratio
-    # one target per encoder frame (4 stacked frames), only masked frames scored
-    batch = task.collate([tr[i] for i in range(4)])
-    logits, targets, chosen = head.predict(model.backbone, batch)
-    L = batch["feats"].shape[1]
-    assert chosen.shape == (4, -(-L // STACK)) and logits.shape == (int(chosen.sum()), 1, 64)
-    x = head.cmvn(batch["feats"], batch["feat_lens"])
-    assert torch.equal(targets, head.quantizer(stack_frames(x))[chosen])
-
-
-def test_best_rq_loss_drops_on_a_fixed_batch(speech):
-    model = build(BACKBONE, [best_rq_task(speech)], check_data=True)
-    batch = batch_of(model, "speech", 6)
-    opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    losses = []
-    for _ in range(60):
-        loss, logs = model("speech", batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[0] == pytest.approx(math.log(64), rel=0.2)  # chance at the start
-    assert np.mean(losses[-5:]) < 0.6 * losses[0], losses  # (about 0.5 here)
-
-
-def test_best_rq_run_evaluates_and_resumes_with_the_same_quantizer(speech, tmp_path):
-    cfg = {**ENGINE, "run_name": "rq", "output_dir": str(tmp_path), "backbone": BACKBONE,
-           "tasks": [best_rq_task(speech)], "train": {"steps": 3, "batch_size": 4, "stop_at": 2}}
-    first = train(*resolve(cfg))
-    assert first.status == "stopped"
-    result = train(*resolve({**cfg, "resume": True, "train": {**cfg["train"], "stop_at": None}}))
-    assert result.status == "finished"
-    assert {"speech/accuracy", "speech/loss", "speech/mask_ratio"} <= result.metrics.keys()
-    assert 0.2 < result.metrics["speech/mask_ratio"] < 0.6
-    fresh = RandomProjectionQuantizer(4 * 80, 8, 64, seed=0)
-    for step in ("step_000002", "step_000003"):
-        saved = load_file(str(tmp_path / "rq/ckpt" / step / "model.safetensors"))
-        assert torch.equal(saved["heads.speech.quantizer.codebook"], fresh.codebook)
-        assert torch.equal(saved["heads.speech.quantizer.projection"], fresh.projection)
-    # the checkpoint, not the seed, is what a loaded model uses
-    model = checkpoint.load(tmp_path / "rq/best/model.safetensors")
-    assert torch.equal(model.heads["speech"].quantizer.codebook, fresh.codebook)
-
-
 # ---------------------------------------------------------------------------- cross-modal
 
 
 @pytest.fixture(scope="module")
-def data(speech, vision, vl, tokenizer):
-    return speech, vision, vl, tokenizer
+def data(best_rq_spec, vision, vl, tokenizer):
+    return best_rq_spec(batch_size=4), vision, vl, tokenizer
 
 
 EXPERT_OF = {"mim": {"vision"}, "text": {"text"}, "image": {"vision"}, "pair": {"vision", "text"}, "speech": {"speech"}}
@@ -266,8 +147,8 @@ def test_fully_shared_backbone_trains_everything_from_every_modality(data):
         assert unchanged == [], (tid, unchanged)
 
 
-def test_crossmodal_run_then_fine_tune_plain_backbones(data, tmp_path, capsys):
-    speech, vision, vl, tokenizer = data
+def test_crossmodal_run_then_fine_tune_plain_backbones(data, speech, tmp_path, capsys):
+    _, vision, vl, _ = data
     backbone = {**BACKBONE, "experts": EXPERTS, "shared_attention": True}
     cfg = {**ENGINE, "run_name": "xm", "output_dir": str(tmp_path), "backbone": backbone,
            "tasks": crossmodal_tasks(*data), "train": {"steps": 2, "batch_size": 4, "mix": "sum"}}

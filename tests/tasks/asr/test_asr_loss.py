@@ -156,7 +156,7 @@ def test_joint_benchmark_runs_at_toy_size(tmp_path, capsys):
     import json
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_rnnt_joint.py"
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_rnnt_joint.py"
     spec = importlib.util.spec_from_file_location("bench_rnnt_joint", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

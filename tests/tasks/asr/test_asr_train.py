@@ -2,14 +2,6 @@
 and greedy (and beam) decoding of them returns their transcripts."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
-from tasks.asr.demo import VOICES, make_corpus
-
-SENTENCES = ["GO LEFT", "STOP", "OPEN THE RED DOOR", "CALL NINE ONE"]
-
 CONFIG = """\
 run_name: overfit
 output_dir: {out}
@@ -43,35 +35,16 @@ log: {{progress: false, tensorboard: false}}
 """
 
 
-@pytest.fixture
-def one_thread():
-    """Small models on a shared 2-core machine run several times faster on one thread
-    (OpenMP workers spin while they wait for a busy core)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tiny_corpus(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("overfit-data")
-    make_corpus(out, seed=11, utts_per_voice={"train": 4, "dev": 1, "test": 1}, n_dev_voices=1, n_test_voices=1,
-                voices=VOICES[:3], sentences=SENTENCES)
-    return out
-
-
-def test_overfit_then_greedy_decoding_returns_the_transcripts(tiny_corpus, tmp_path, capsys, one_thread):
+def test_overfit_then_greedy_decoding_returns_the_transcripts(overfit_corpus, sentences, tmp_path, capsys,
+                                                              one_thread):
     from foundation.engine.config import load_config
     from foundation.engine.loop import train
 
-    texts = [line.split(" ", 1)[1] for p in (tiny_corpus / "train").rglob("*.trans.txt")
+    texts = [line.split(" ", 1)[1] for p in (overfit_corpus / "train").rglob("*.trans.txt")
              for line in p.read_text().splitlines()]
-    assert sorted(texts) == sorted(SENTENCES)
+    assert sorted(texts) == sorted(sentences)
     path = tmp_path / "overfit.yaml"  # 19 units: the most sentencepiece makes of four sentences
-    path.write_text(CONFIG.format(out=tmp_path / "runs", data=tiny_corpus, vocab=19, steps=150))
+    path.write_text(CONFIG.format(out=tmp_path / "runs", data=overfit_corpus, vocab=19, steps=150))
     cfg, specs = load_config(path)
     result = train(cfg, specs)
     assert result.status == "finished"

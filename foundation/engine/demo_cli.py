@@ -1,0 +1,56 @@
+"""The command line every demo data generator shares (``foundation data make NAME``, one
+``main(argv)`` per task that owns a demo data set): the parser with ``--out`` and
+``--seed``, refusing or replacing a non-empty output directory, timing the write, and
+errors printed as ``foundation data make NAME: ...`` with exit status 2.
+
+The generators themselves (what they draw, synthesise and write) stay in their tasks."""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+PROG = "foundation data make"
+
+
+def demo_parser(name: str, description: str, *, out_help: str = "output directory",
+                **kwargs: Any) -> argparse.ArgumentParser:
+    """``foundation data make NAME``'s parser, with ``--out`` (required) and ``--seed`` (0)."""
+    p = argparse.ArgumentParser(prog=f"{PROG} {name}", description=description, **kwargs)
+    p.add_argument("--out", type=Path, required=True, help=out_help)
+    p.add_argument("--seed", type=int, default=0)
+    return p
+
+
+def fail(name: str, message: str) -> int:
+    """Say what went wrong, naming the command; the exit status for it."""
+    print(f"{PROG} {name}: {message}", file=sys.stderr)
+    return 2
+
+
+def free_out(name: str, out: Path, replace: bool, flag: str) -> bool:
+    """Whether ``out`` may be written: missing or empty, or emptied now because ``replace``
+    (the command's ``flag``) was given. A full one is refused, saying so, as writing into
+    it would mix two data sets."""
+    if out.exists() and any(out.iterdir()):
+        if not replace:
+            fail(name, f"{out} is not empty; pass {flag} to replace it")
+            return False
+        shutil.rmtree(out)
+    return True
+
+
+def timed(name: str, write: Callable[[], Any],
+          errors: tuple[type[BaseException], ...] = ()) -> Optional[tuple[Any, float]]:
+    """``(write(), seconds it took)``; None, after saying why, when it raises one of ``errors``
+    (what the user can fix: a missing tool, a bad size)."""
+    start = time.perf_counter()
+    try:
+        result = write()
+    except errors as e:
+        fail(name, str(e))
+        return None
+    return result, time.perf_counter() - start
