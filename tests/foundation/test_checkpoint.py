@@ -227,7 +227,7 @@ def test_run_files_load_with_no_import_first(tmp_path):
                                        tasks=[{"name": "seq2seq", "problem": "reverse"}]))
     path = save(model, tmp_path / "run.safetensors")
     code = f"from foundation import checkpoint; print(type(checkpoint.load(r'{path}')).__name__)"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
