@@ -13,7 +13,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from foundation.scaling import ARCHS, NORMS
+from foundation.scaling import ARCHS, NORMS, RULES, NormRule
 
 T = TypeVar("T")
 
@@ -76,7 +76,8 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
 
 @dataclass
 class BackboneConfig:
-    """The shared Transformer backbone. ``norm`` picks the residual/normalisation rule:
+    """The shared Transformer backbone. ``norm`` picks the residual/normalisation rule
+    (each described once in ``foundation.scaling.RULES``):
 
     preln     x + f(LN(x))                               (ViT, GPT)
     postln    LN(a x + f(x)), a = residual_scale or 1    (BERT; FoundationLayerNorm: a=0.974)
@@ -110,8 +111,10 @@ class BackboneConfig:
     rel_pos_max_distance: int = 128
     rel_pos_grid: Optional[List[int]] = None  # (rows, cols) of patches for rel_pos="2d"
     rel_pos_prefix: int = 1  # tokens before the patch grid (class token) for rel_pos="2d"
-    final_norm: bool = True  # LN after the last layer (preln / magneto only)
-    residual_scale: Optional[float] = None  # override alpha (FoundationLayerNorm: 0.974)
+    # LN after the last layer of preln / magneto; postln / deepnorm layers each end in one,
+    # so their output is always normalised (final_norm=false is refused there)
+    final_norm: bool = True
+    residual_scale: Optional[float] = None  # override alpha of postln / deepnorm (FoundationLayerNorm: 0.974)
     init_gain: Optional[float] = None  # override gamma / beta (Upscale-LN: 1.0)
     init_variant: str = "paper"  # paper | torchscale (bias scaling, 1/1.15 enc-dec encoder beta)
     checkpoint_activations: bool = False
@@ -152,13 +155,24 @@ class BackboneConfig:
             raise bad("rel_pos", "must be none, 1d or 2d")
         if self.rel_pos == "2d" and (self.rel_pos_grid is None or len(self.rel_pos_grid) != 2):
             raise bad("rel_pos_grid", "rel_pos='2d' needs the patch grid as [rows, cols]")
+        if self.rel_pos_grid is not None and self.rel_pos != "2d":
+            raise bad("rel_pos_grid", f"is only used with rel_pos='2d' (rel_pos is {self.rel_pos!r}); remove it")
         if self.init_variant not in ("paper", "torchscale"):
             raise bad("init_variant", "must be paper or torchscale")
+        if self.shared_attention and not self.experts:
+            raise bad("shared_attention", "shares self-attention among multiway experts; this backbone has no experts")
+        rule = self.rule
+        if not self.final_norm and not rule.pre_norm:
+            raise bad("final_norm", f"{self.norm} ends every layer in a LayerNorm, so its output is always "
+                      "normalised; final_norm=false applies to preln / magneto only")
+        if self.residual_scale is not None and rule.pre_norm:
+            raise bad("residual_scale", f"is the shortcut weight of post-norm rules (postln, deepnorm); "
+                      f"{self.norm} has none")
 
     @property
-    def pre_norm(self) -> bool:
-        """LN on the branch input (preln / magneto) rather than after the sum."""
-        return self.norm in ("preln", "magneto")
+    def rule(self) -> NormRule:
+        """The description of ``norm`` (``foundation.scaling.RULES``)."""
+        return RULES[self.norm]
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> "BackboneConfig":

@@ -16,7 +16,7 @@ from torch import nn
 
 from foundation.checkpoint.format import CheckpointError, _listing, load_state_into
 from foundation.config import BackboneConfig
-from foundation.scaling import deepnorm_alpha
+from foundation.scaling import RULES, stack_rules
 from foundation.transformer import Backbone
 
 # Modules around torchscale's Transformer stack that our Backbone does not hold; a caller
@@ -59,7 +59,7 @@ def _torchscale_pairs(cfg: BackboneConfig) -> Iterator[tuple[str, list[str]]]:
     """(our key, [torchscale keys]) for every tensor; several torchscale keys (q, k, v)
     are stacked row-wise into our one fused ``qkv``."""
     experts = list(zip(cfg.experts, "AB")) or [("", "")]
-    sub_ln = cfg.norm == "magneto"
+    sub_ln = cfg.rule.sub_ln
     for i in range(cfg.depth):
         ours, theirs = f"encoder.layers.{i}", f"layers.{i}"
         for e, ab in experts:
@@ -72,7 +72,7 @@ def _torchscale_pairs(cfg: BackboneConfig) -> Iterator[tuple[str, list[str]]]:
             for e, ab in experts:
                 for p in ("weight", "bias"):
                     yield _join(ours, our_mod, e, our_sub, p), [_join(theirs, ts_mod, ab, ts_sub, p)]
-    if cfg.pre_norm and cfg.final_norm:
+    if cfg.rule.final_norm and cfg.final_norm:
         for e, ab in experts:
             for p in ("weight", "bias"):
                 yield _join("encoder.norm", e, p), [_join("layer_norm", ab, p)]
@@ -127,10 +127,10 @@ def torchscale_config(
 
     n = args.encoder_layers
     alpha = getattr(encoder.layers[0], "alpha", 1.0) if len(encoder.layers) else 1.0
-    ours = deepnorm_alpha("encoder", n)[0] if norm == "deepnorm" else 1.0
+    ours = stack_rules(norm, "encoder", n)["encoder"].alpha
     # torchscale's encoder of an encoder-decoder uses 0.81 (N^4 M)^(1/16) instead
     residual_scale = None if math.isclose(alpha, ours, rel_tol=1e-12) else float(alpha)
-    if residual_scale is not None and norm not in ("deepnorm", "postln"):
+    if residual_scale is not None and RULES[norm].pre_norm:
         raise ValueError(f"torchscale EncoderLayer.alpha={alpha}: a residual weight needs post-norm residuals")
 
     return BackboneConfig(
@@ -140,7 +140,7 @@ def torchscale_config(
         rel_pos="1d" if rel_1d else "none",
         rel_pos_buckets=args.rel_pos_buckets if rel_1d else 32,
         rel_pos_max_distance=args.max_rel_pos if rel_1d else 128,
-        final_norm=bool(args.normalize_output) if norm in ("preln", "magneto") else True,
+        final_norm=bool(args.normalize_output) if RULES[norm].pre_norm else True,
         residual_scale=residual_scale,
         init_variant="torchscale",
         checkpoint_activations=bool(args.checkpoint_activations),
@@ -195,16 +195,16 @@ def torchscale_args(cfg: BackboneConfig) -> dict[str, Any]:
     ):
         if not ok:
             raise ValueError(f"{name}={getattr(cfg, name)!r} has no torchscale Encoder equivalent")
-    torchscale_alpha = deepnorm_alpha("encoder", cfg.depth)[0] if cfg.norm == "deepnorm" else 1.0
+    torchscale_alpha = stack_rules(cfg.norm, "encoder", cfg.depth)["encoder"].alpha
     if cfg.residual_scale is not None and not math.isclose(cfg.residual_scale, torchscale_alpha, rel_tol=1e-12):
         raise ValueError(
             f"residual_scale={cfg.residual_scale!r}: torchscale's encoder-only Encoder uses {torchscale_alpha}"
         )
     return dict(
         **{theirs: getattr(cfg, ours) for ours, theirs in _FIELDS},
-        encoder_normalize_before=cfg.pre_norm,
-        normalize_output=cfg.final_norm,
-        subln=cfg.norm == "magneto",
+        encoder_normalize_before=cfg.rule.pre_norm,
+        normalize_output=cfg.final_norm,  # read by torchscale for pre-norm only, as ours
+        subln=cfg.rule.sub_ln,
         deepnorm=cfg.norm == "deepnorm",
         multiway=bool(cfg.experts),
         rel_pos_buckets=cfg.rel_pos_buckets if cfg.rel_pos == "1d" else 0,
