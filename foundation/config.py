@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Type, TypeVar
+from typing import Any, List, Optional, Sequence, Type, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -62,8 +62,67 @@ def read_mapping(path: str | Path) -> DictConfig:
     return data if isinstance(data, DictConfig) else OmegaConf.create({})
 
 
-def load_yaml(cls: Type[T], path: str | Path, overrides: list[str] | None = None) -> T:
-    return build(cls, read_mapping(path), overrides or [], where=str(path))
+def read_yaml(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
+    """The one YAML reader: a mapping file (``read_mapping``) with command-line style
+    overrides applied (``apply_override``), not yet validated."""
+    raw = read_mapping(path)
+    for item in overrides:
+        apply_override(raw, item)
+    return raw
+
+
+def load_yaml(cls: Type[T], path: str | Path, overrides: Sequence[str] | None = None) -> T:
+    return build(cls, read_yaml(path, overrides or ()), where=str(path))
+
+
+def apply_override(raw: DictConfig, item: str, where: str = "command line") -> None:
+    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists).
+    ``~key`` deletes the key (or the task entry ``~tasks.<id>``), as Hydra's delete override.
+    An entry of a top-level list of named mappings is addressed by its index or its ``id`` /
+    ``name`` (``tasks.0.problem=sort`` or ``tasks.seq2seq.problem=sort``)."""
+    key, eq, value = item.partition("=")
+    key = key.strip().lstrip("-")
+    delete = key.startswith("~")
+    key = key.lstrip("~")
+    if not key or (eq if delete else not eq):
+        raise ConfigError(f"{where}: override {item!r} is not key=value or ~key")
+    parts = key.split(".")
+    entries = raw.get(parts[0]) if len(parts) > 1 and not parts[1].isdigit() else None
+    if OmegaConf.is_list(entries) and all(isinstance(t, DictConfig) for t in entries):
+        ids = [str(t.get("id") or t.get("name")) for t in entries]
+        if parts[1] not in ids:
+            raise ConfigError(f"{where}: override {item!r}: no {parts[0].rstrip('s')} {parts[1]!r} in the config "
+                              f"({parts[0]}: {', '.join(ids)})")
+        parts[1] = str(ids.index(parts[1]))
+    if delete:
+        _delete(raw, parts, item, where)
+        return
+    try:
+        parsed = OmegaConf.from_dotlist([f"value={value}"])["value"]
+        OmegaConf.update(raw, ".".join(parts), parsed, merge=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{where}: override {item!r}: {str(e).splitlines()[0]}") from None
+
+
+def _delete(raw: DictConfig, parts: list[str], item: str, where: str) -> None:
+    node: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, DictConfig) and part in node:
+            if last:
+                del node[part]
+                return
+            node = node[part]
+        elif OmegaConf.is_list(node) and part.isdigit() and int(part) < len(node):
+            if last:
+                del node[int(part)]
+                return
+            node = node[int(part)]
+        else:
+            break
+    raise ConfigError(f"{where}: override {item!r}: the config has no {'.'.join(parts[:i + 1])!r} to delete")
+
+
 
 
 def to_dict(cfg: Any) -> dict:

@@ -5,7 +5,6 @@ Magneto vision model of the paper's Sec. 5."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, List, Mapping, Optional, Union
 
 import torch
@@ -16,7 +15,7 @@ from timm.models.vision_transformer import global_pool_nlc
 from torch import nn
 
 from foundation import checkpoint
-from foundation.config import BackboneConfig, ConfigError, build, to_dict
+from foundation.config import BackboneConfig, ConfigError, build, read_yaml, to_dict
 from foundation.embed import PatchEmbed
 from foundation.transformer import Backbone
 
@@ -65,10 +64,7 @@ class ViTConfig:
 
     @classmethod
     def from_yaml(cls, path, overrides=None) -> "ViTConfig":
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        data = OmegaConf.merge(OmegaConf.load(path), OmegaConf.from_dotlist(list(overrides or [])))
+        data = read_yaml(path, overrides or ())
         return cls.from_dict(OmegaConf.to_container(data), where=str(path))
 
     def to_dict(self) -> dict:

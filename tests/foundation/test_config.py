@@ -78,3 +78,25 @@ def test_shipped_training_configs_load_under_every_rule(path):
         else:
             with pytest.raises(ConfigError, match="field 'final_norm'"):
                 build(BackboneConfig, fields)
+
+
+def test_one_yaml_reader_for_every_config(tmp_path):
+    """BackboneConfig, ViTConfig and the training config read YAML and overrides the same way."""
+    from foundation.config import read_yaml
+    from foundation.vit import ViTConfig
+
+    (tmp_path / "b.yaml").write_text("dim: 32\ndepth: 2\nheads: 4\nlayer_scale: 0.1\n")
+    cfg = BackboneConfig.from_yaml(tmp_path / "b.yaml", ["depth=3", "~layer_scale"])
+    assert (cfg.depth, cfg.layer_scale) == (3, None)
+    (tmp_path / "v.yaml").write_text("img_size: 32\npatch_size: 8\nbackbone: {dim: 32, depth: 2, heads: 4}\n")
+    vit = ViTConfig.from_yaml(tmp_path / "v.yaml", ["backbone.depth=1"])
+    assert (vit.img_size, vit.backbone.depth, vit.backbone.ffn_dim) == (32, 1, 128)
+    (tmp_path / "bad.yaml").write_text("hello\n")
+    for load in (BackboneConfig.from_yaml, ViTConfig.from_yaml):
+        with pytest.raises(ConfigError, match="a bare string"):
+            load(tmp_path / "bad.yaml")
+    (tmp_path / "t.yaml").write_text("tasks:\n  - {name: seq2seq, problem: reverse}\n  - {name: asr, id: speech}\n")
+    raw = read_yaml(tmp_path / "t.yaml", ["tasks.seq2seq.problem=sort", "~tasks.speech"])
+    assert [dict(t) for t in raw.tasks] == [{"name": "seq2seq", "problem": "sort"}]
+    with pytest.raises(ConfigError, match="no task 'vqa' in the config"):
+        read_yaml(tmp_path / "t.yaml", ["tasks.vqa.x=1"])
