@@ -113,7 +113,7 @@ def timm_like(ours: Backbone) -> nn.Module:
 def torchscale_like(ours: Backbone) -> nn.Module:
     """torchscale's Encoder holding ``ours``' weights (``foundation.checkpoint``'s converter)."""
     from foundation.checkpoint import to_torchscale, torchscale_args
-    from foundation.torchscale_compat import import_torchscale
+    from foundation.checkpoint import import_torchscale
 
     with warnings.catch_warnings():  # torchscale imports timm.models.layers, deprecated in timm 1.x
         warnings.simplefilter("ignore", FutureWarning)

@@ -1,5 +1,6 @@
-"""One Transformer layer. ``Block.residual`` is the only place where preln, postln,
-magneto and deepnorm differ; ``init_block`` is the only place their init differs."""
+"""One Transformer layer. It reads its ``NormRule`` (``foundation.scaling.RULES``, where each
+of preln, postln, magneto and deepnorm is described once): ``Block.residual`` applies the
+rule's residual, ``init_block`` its init."""
 from __future__ import annotations
 
 import torch
@@ -7,23 +8,23 @@ from timm.layers import DropPath, LayerScale
 from torch import nn
 
 from foundation.config import BackboneConfig
-from foundation.layers import Attention, FeedForward
+from foundation.layers import Attention, CrossAttention, FeedForward
 from foundation.multiway import Multiway, Segments, per_expert, route
+from foundation.scaling import NormRule
 
 
 class Block(nn.Module):
     def __init__(
         self,
         cfg: BackboneConfig,
+        rule: NormRule,
         *,
-        alpha: float = 1.0,
         cross: bool = False,
         drop_path: float = 0.0,
         vl_expert: bool = False,
     ):
         super().__init__()
-        self.pre_norm, self.alpha = cfg.pre_norm, alpha
-        sub_ln = cfg.norm == "magneto"
+        self.rule = rule
         experts = list(cfg.experts)
         ffn_experts = experts + ["vl"] if vl_expert else experts
         norm = lambda: nn.LayerNorm(cfg.dim, eps=cfg.layernorm_eps)  # noqa: E731
@@ -32,22 +33,21 @@ class Block(nn.Module):
         attn_experts = [] if cfg.shared_attention else experts
         self.norm1 = per_expert(attn_experts, norm)
         self.attn = Attention(
-            cfg.dim, cfg.heads, experts=attn_experts, qkv_bias=cfg.qkv_bias, sub_ln=sub_ln,
+            cfg.dim, cfg.heads, experts=attn_experts, qkv_bias=cfg.qkv_bias, sub_ln=rule.sub_ln,
             eps=cfg.layernorm_eps, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout,
         )
         self.ls1 = scale()
-        if cross:  # Magneto: the cross-attention keeps only its input LayerNorm
+        if cross:  # Magneto: the cross-attention keeps only its input LayerNorm (no Sub-LN)
             self.norm_cross = norm()
-            self.cross_attn = Attention(
-                cfg.dim, cfg.heads, qkv_bias=cfg.qkv_bias, eps=cfg.layernorm_eps,
-                attn_dropout=cfg.attn_dropout, dropout=cfg.dropout, cross=True,
+            self.cross_attn = CrossAttention(
+                cfg.dim, cfg.heads, qkv_bias=cfg.qkv_bias, attn_dropout=cfg.attn_dropout, dropout=cfg.dropout,
             )
             self.ls_cross = scale()
         else:
             self.cross_attn = None
         self.norm2 = per_expert(ffn_experts, norm)
         self.mlp = per_expert(ffn_experts, lambda: FeedForward(
-            cfg.dim, cfg.ffn_dim, activation=cfg.activation, sub_ln=sub_ln, eps=cfg.layernorm_eps,
+            cfg.dim, cfg.ffn_dim, activation=cfg.activation, sub_ln=rule.sub_ln, eps=cfg.layernorm_eps,
             activation_dropout=cfg.activation_dropout, dropout=cfg.dropout,
         ))
         self.ls2 = scale()
@@ -57,8 +57,9 @@ class Block(nn.Module):
     def residual(self, x, branch, norm, segments):
         """preln / magneto: x + f(LN(x))      (Magneto eqs. 1-5: LN inside f for magneto)
         postln / deepnorm: LN(alpha x + f(x))  (DeepNet eq. 1; alpha = 1 for postln)"""
-        shortcut = x if self.alpha == 1.0 else self.alpha * x
-        if self.pre_norm:
+        alpha = self.rule.alpha
+        shortcut = x if alpha == 1.0 else alpha * x
+        if self.rule.pre_norm:
             return shortcut + self.drop_path(branch(route(norm, x, segments)))
         return route(norm, shortcut + self.drop_path(branch(x)), segments)
 
@@ -74,7 +75,7 @@ class Block(nn.Module):
         x = self.residual(x, lambda h: self.ls1(self.attn(h, segments, mask, is_causal)), self.norm1, segments)
         if self.cross_attn is not None:
             x = self.residual(
-                x, lambda h: self.ls_cross(self.cross_attn(h, None, memory_mask, memory=memory)),
+                x, lambda h: self.ls_cross(self.cross_attn(h, memory, memory_mask)),
                 self.norm_cross, None,
             )
         ffn_segments = segments
@@ -88,14 +89,13 @@ def _experts(module: nn.Module) -> list[nn.Module]:
 
 
 @torch.no_grad()
-def init_block(block: Block, gain: float, *, norm: str, variant: str = "paper") -> None:
-    """Standard init, then W_v, W_o, W_1, W_2 times ``gain`` (W_q, W_k untouched).
+def init_block(block: Block, *, variant: str = "paper") -> None:
+    """Standard init, then W_v, W_o, W_1, W_2 times the rule's ``gain`` (W_q, W_k untouched).
 
     paper:      Xavier-normal weights, zero biases (Magneto Fig. 2's ``subln_init``).
     torchscale: PyTorch's default Linear init, and the biases are scaled too, as
                 torchscale 0.3.0 does (it scales every parameter whose name matches).
-    Cross-attention is scaled under deepnorm (DeepNet counts it among the decoder's 3M
-    sub-layers) but not under magneto (Magneto Sec. 2: "we do not scale ... cross-attention").
+    Cross-attention is scaled when the rule says so (``NormRule.scale_cross``).
     """
     for m in block.modules():
         if isinstance(m, nn.Linear):
@@ -109,6 +109,7 @@ def init_block(block: Block, gain: float, *, norm: str, variant: str = "paper") 
                     m.bias.zero_()
         elif isinstance(m, nn.LayerNorm):
             m.reset_parameters()
+    gain = block.rule.gain
     if gain == 1.0:
         return
     scale_bias = variant == "torchscale"
@@ -127,6 +128,6 @@ def init_block(block: Block, gain: float, *, norm: str, variant: str = "paper") 
     for mlp in _experts(block.mlp):
         scale(mlp.fc1)
         scale(mlp.fc2)
-    if block.cross_attn is not None and norm != "magneto":
+    if block.cross_attn is not None and block.rule.scale_cross:
         scale(block.cross_attn.kv, slice(dim, 2 * dim))
         scale(block.cross_attn.proj)

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional, Type, TypeVar
+from typing import Any, List, Optional, Sequence, Type, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from foundation.scaling import ARCHS, NORMS
+from foundation.scaling import ARCHS, NORMS, RULES, NormRule
 
 T = TypeVar("T")
 
@@ -62,8 +62,67 @@ def read_mapping(path: str | Path) -> DictConfig:
     return data if isinstance(data, DictConfig) else OmegaConf.create({})
 
 
-def load_yaml(cls: Type[T], path: str | Path, overrides: list[str] | None = None) -> T:
-    return build(cls, read_mapping(path), overrides or [], where=str(path))
+def read_yaml(path: str | Path, overrides: Sequence[str] = ()) -> DictConfig:
+    """The one YAML reader: a mapping file (``read_mapping``) with command-line style
+    overrides applied (``apply_override``), not yet validated."""
+    raw = read_mapping(path)
+    for item in overrides:
+        apply_override(raw, item)
+    return raw
+
+
+def load_yaml(cls: Type[T], path: str | Path, overrides: Sequence[str] | None = None) -> T:
+    return build(cls, read_yaml(path, overrides or ()), where=str(path))
+
+
+def apply_override(raw: DictConfig, item: str, where: str = "command line") -> None:
+    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists).
+    ``~key`` deletes the key (or the task entry ``~tasks.<id>``), as Hydra's delete override.
+    An entry of a top-level list of named mappings is addressed by its index or its ``id`` /
+    ``name`` (``tasks.0.problem=sort`` or ``tasks.seq2seq.problem=sort``)."""
+    key, eq, value = item.partition("=")
+    key = key.strip().lstrip("-")
+    delete = key.startswith("~")
+    key = key.lstrip("~")
+    if not key or (eq if delete else not eq):
+        raise ConfigError(f"{where}: override {item!r} is not key=value or ~key")
+    parts = key.split(".")
+    entries = raw.get(parts[0]) if len(parts) > 1 and not parts[1].isdigit() else None
+    if OmegaConf.is_list(entries) and all(isinstance(t, DictConfig) for t in entries):
+        ids = [str(t.get("id") or t.get("name")) for t in entries]
+        if parts[1] not in ids:
+            raise ConfigError(f"{where}: override {item!r}: no {parts[0].rstrip('s')} {parts[1]!r} in the config "
+                              f"({parts[0]}: {', '.join(ids)})")
+        parts[1] = str(ids.index(parts[1]))
+    if delete:
+        _delete(raw, parts, item, where)
+        return
+    try:
+        parsed = OmegaConf.from_dotlist([f"value={value}"])["value"]
+        OmegaConf.update(raw, ".".join(parts), parsed, merge=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{where}: override {item!r}: {str(e).splitlines()[0]}") from None
+
+
+def _delete(raw: DictConfig, parts: list[str], item: str, where: str) -> None:
+    node: Any = raw
+    for i, part in enumerate(parts):
+        last = i == len(parts) - 1
+        if isinstance(node, DictConfig) and part in node:
+            if last:
+                del node[part]
+                return
+            node = node[part]
+        elif OmegaConf.is_list(node) and part.isdigit() and int(part) < len(node):
+            if last:
+                del node[int(part)]
+                return
+            node = node[int(part)]
+        else:
+            break
+    raise ConfigError(f"{where}: override {item!r}: the config has no {'.'.join(parts[:i + 1])!r} to delete")
+
+
 
 
 def to_dict(cfg: Any) -> dict:
@@ -76,7 +135,8 @@ def save_yaml(cfg: Any, path: str | Path) -> None:
 
 @dataclass
 class BackboneConfig:
-    """The shared Transformer backbone. ``norm`` picks the residual/normalisation rule:
+    """The shared Transformer backbone. ``norm`` picks the residual/normalisation rule
+    (each described once in ``foundation.scaling.RULES``):
 
     preln     x + f(LN(x))                               (ViT, GPT)
     postln    LN(a x + f(x)), a = residual_scale or 1    (BERT; FoundationLayerNorm: a=0.974)
@@ -110,8 +170,10 @@ class BackboneConfig:
     rel_pos_max_distance: int = 128
     rel_pos_grid: Optional[List[int]] = None  # (rows, cols) of patches for rel_pos="2d"
     rel_pos_prefix: int = 1  # tokens before the patch grid (class token) for rel_pos="2d"
-    final_norm: bool = True  # LN after the last layer (preln / magneto only)
-    residual_scale: Optional[float] = None  # override alpha (FoundationLayerNorm: 0.974)
+    # LN after the last layer of preln / magneto; postln / deepnorm layers each end in one,
+    # so their output is always normalised (final_norm=false is refused there)
+    final_norm: bool = True
+    residual_scale: Optional[float] = None  # override alpha of postln / deepnorm (FoundationLayerNorm: 0.974)
     init_gain: Optional[float] = None  # override gamma / beta (Upscale-LN: 1.0)
     init_variant: str = "paper"  # paper | torchscale (bias scaling, 1/1.15 enc-dec encoder beta)
     checkpoint_activations: bool = False
@@ -152,13 +214,24 @@ class BackboneConfig:
             raise bad("rel_pos", "must be none, 1d or 2d")
         if self.rel_pos == "2d" and (self.rel_pos_grid is None or len(self.rel_pos_grid) != 2):
             raise bad("rel_pos_grid", "rel_pos='2d' needs the patch grid as [rows, cols]")
+        if self.rel_pos_grid is not None and self.rel_pos != "2d":
+            raise bad("rel_pos_grid", f"is only used with rel_pos='2d' (rel_pos is {self.rel_pos!r}); remove it")
         if self.init_variant not in ("paper", "torchscale"):
             raise bad("init_variant", "must be paper or torchscale")
+        if self.shared_attention and not self.experts:
+            raise bad("shared_attention", "shares self-attention among multiway experts; this backbone has no experts")
+        rule = self.rule
+        if not self.final_norm and not rule.pre_norm:
+            raise bad("final_norm", f"{self.norm} ends every layer in a LayerNorm, so its output is always "
+                      "normalised; final_norm=false applies to preln / magneto only")
+        if self.residual_scale is not None and rule.pre_norm:
+            raise bad("residual_scale", f"is the shortcut weight of post-norm rules (postln, deepnorm); "
+                      f"{self.norm} has none")
 
     @property
-    def pre_norm(self) -> bool:
-        """LN on the branch input (preln / magneto) rather than after the sum."""
-        return self.norm in ("preln", "magneto")
+    def rule(self) -> NormRule:
+        """The description of ``norm`` (``foundation.scaling.RULES``)."""
+        return RULES[self.norm]
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: list[str] | None = None) -> "BackboneConfig":

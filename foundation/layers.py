@@ -21,13 +21,35 @@ def fused_linear(dim: int, n: int, bias: bool) -> nn.Linear:
     return linear
 
 
-class Attention(nn.Module):
-    """Multi-head attention on ``F.scaled_dot_product_attention``.
+class _Heads(nn.Module):
+    """Multi-head scaled dot-product attention on ``F.scaled_dot_product_attention``; the
+    projections around it are the subclasses'."""
 
-    Self-attention uses one fused ``qkv`` projection (rows: q, k, v - timm's layout);
-    cross-attention projects queries from ``x`` and keys/values from ``memory``.
-    ``sub_ln`` adds Magneto's LayerNorm before the output projection (eq. 2).
-    """
+    def __init__(self, dim: int, heads: int, attn_dropout: float):
+        super().__init__()
+        self.heads, self.head_dim, self.attn_dropout = heads, dim // heads, attn_dropout
+
+    def _heads(self, t: torch.Tensor, n: int) -> list[torch.Tensor]:
+        # (B, T, n*D) -> n tensors of (B, H, T, hd); unbind before transposing saves a
+        # (B, T, n*D) copy in backward
+        B, T, _ = t.shape
+        return [u.transpose(1, 2) for u in t.view(B, T, n, self.heads, self.head_dim).unbind(2)]
+
+    def _attend(self, q, k, v, mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+        """(B, H, T, hd) queries -> (B, T, D). The fused kernels keep the softmax in fp32
+        under bf16 autocast."""
+        B, H, T, hd = q.shape
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.attn_dropout if self.training else 0.0,
+        )
+        return out.transpose(1, 2).reshape(B, T, H * hd)
+
+
+class Attention(_Heads):
+    """Self-attention with one fused ``qkv`` projection (rows: q, k, v - timm's layout),
+    per expert when multiway. ``sub_ln`` adds Magneto's LayerNorm before the output
+    projection (eq. 2)."""
 
     def __init__(
         self,
@@ -40,49 +62,39 @@ class Attention(nn.Module):
         eps: float = 1e-5,
         attn_dropout: float = 0.0,
         dropout: float = 0.0,
-        cross: bool = False,
     ):
-        super().__init__()
-        self.heads, self.head_dim, self.cross = heads, dim // heads, cross
-        if cross:
-            self.q = nn.Linear(dim, dim, bias=qkv_bias)
-            self.kv = fused_linear(dim, 2, qkv_bias)
-        else:
-            self.qkv = per_expert(experts, lambda: fused_linear(dim, 3, qkv_bias))
+        super().__init__(dim, heads, attn_dropout)
+        self.qkv = per_expert(experts, lambda: fused_linear(dim, 3, qkv_bias))
         self.norm = per_expert(experts, lambda: nn.LayerNorm(dim, eps=eps)) if sub_ln else None
         self.proj = per_expert(experts, lambda: nn.Linear(dim, dim))
-        self.attn_dropout = attn_dropout
         self.proj_drop = nn.Dropout(dropout)
 
-    def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
-        # (B, T, n*D) -> n tensors of (B, H, T, hd); unbind before transposing saves a
-        # (B, T, n*D) copy in backward
-        B, T, _ = t.shape
-        return [u.transpose(1, 2) for u in t.view(B, T, n, self.heads, self.head_dim).unbind(2)]
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        segments: Segments | None = None,
-        mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-        memory: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        B, T, D = x.shape
-        if self.cross:
-            (q,) = self._heads(self.q(x), 1)
-            k, v = self._heads(self.kv(memory), 2)
-        else:
-            q, k, v = self._heads(route(self.qkv, x, segments), 3)
-        # The fused kernels keep the softmax in fp32 under bf16 autocast.
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal,
-            dropout_p=self.attn_dropout if self.training else 0.0,
-        )
-        out = out.transpose(1, 2).reshape(B, T, D)
+    def forward(self, x: torch.Tensor, segments: Segments | None = None, mask: torch.Tensor | None = None,
+                is_causal: bool = False) -> torch.Tensor:
+        q, k, v = self._heads(route(self.qkv, x, segments), 3)
+        out = self._attend(q, k, v, mask, is_causal)
         if self.norm is not None:
             out = route(self.norm, out, segments)
         return self.proj_drop(route(self.proj, out, segments))
+
+
+class CrossAttention(_Heads):
+    """Queries from ``x``, keys and values (one fused ``kv``) from ``memory``, the encoder's
+    output. No Sub-LN: Magneto keeps only the cross-attention's input LayerNorm."""
+
+    def __init__(self, dim: int, heads: int, *, qkv_bias: bool = True, attn_dropout: float = 0.0,
+                 dropout: float = 0.0):
+        super().__init__(dim, heads, attn_dropout)
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = fused_linear(dim, 2, qkv_bias)
+        self.norm = None  # no Sub-LN, whatever the rule
+        self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        (q,) = self._heads(self.q(x), 1)
+        k, v = self._heads(self.kv(memory), 2)
+        return self.proj_drop(self.proj(self._attend(q, k, v, mask, False)))
 
 
 class FeedForward(nn.Module):

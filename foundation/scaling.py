@@ -1,7 +1,9 @@
-"""Residual weights (alpha) and init gains (gamma / beta) of each normalisation rule.
+"""The four residual / normalisation rules, each described once (``RULES``), and the
+papers' formulas for their residual weights (alpha) and init gains (gamma / beta).
 
-Pure functions of the architecture and depths, so a test can check them against the
-papers' tables:
+Block, attention, feed-forward and stack read a ``NormRule``; none branches on a rule's
+name. The formulas are pure functions of the architecture and depths, so a test can check
+them against the papers' tables:
 
 * Magneto (Sub-LN), Magneto paper Fig. 2 / Sec. 3.2:
   encoder-only gamma = sqrt(log 2N); decoder-only gamma = sqrt(log 2M);
@@ -17,10 +19,11 @@ encoder beta of an encoder-decoder; ``variant="torchscale"`` reproduces that.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Callable, NamedTuple, Optional
 
-NORMS = ("preln", "postln", "magneto", "deepnorm")
 ARCHS = ("encoder", "decoder", "encoder_decoder")
 
 
@@ -71,7 +74,48 @@ def deepnorm_beta(
     return factor * (n_enc**4 * n_dec) ** (-1 / 16), (12 * n_dec) ** -0.25
 
 
-def stack_scales(
+# (arch, n_enc, n_dec, variant) -> (encoder value, decoder value); None for an absent stack
+Formula = Callable[[str, int, int, str], tuple[Optional[float], Optional[float]]]
+
+
+@dataclass(frozen=True)
+class NormRule:
+    """One residual / normalisation rule, as one stack (encoder or decoder) applies it.
+
+    ``RULES`` holds each rule's description; ``stack_rules`` fills in ``alpha``, ``gain`` and
+    ``final_norm`` for the stacks of one model.
+    """
+
+    name: str
+    pre_norm: bool  # x + f(LN(x)) (True); LN(alpha x + f(x)) (False)
+    sub_ln: bool  # Magneto's Sub-LN: a LayerNorm inside f, before W_o and before W_2
+    final_norm: bool  # a LayerNorm after the last layer (a post-norm layer already ends in one)
+    scale_cross: bool  # the init gain applies to cross-attention's W_v, W_o too
+    alphas: Optional[Formula] = dataclasses.field(default=None, repr=False)  # None: alpha = 1
+    gains: Optional[Formula] = dataclasses.field(default=None, repr=False)  # None: gain = 1
+    alpha: float = 1.0  # weight of the shortcut (residual) branch
+    gain: float = 1.0  # multiplier of W_v, W_o, W_1, W_2 after the standard init
+
+
+RULES: dict[str, NormRule] = {
+    # x + f(LN(x)), then a final LN (ViT, GPT)
+    "preln": NormRule("preln", pre_norm=True, sub_ln=False, final_norm=True, scale_cross=True),
+    # LN(alpha x + f(x)), alpha = residual_scale or 1 (BERT; FoundationLayerNorm: 0.974)
+    "postln": NormRule("postln", pre_norm=False, sub_ln=False, final_norm=False, scale_cross=True),
+    # x + f(LN(x)) with Sub-LN inside f, W_v/W_o/W_1/W_2 init times gamma; the decoder's
+    # cross-attention keeps only its input LN and is not scaled (Magneto Sec. 2)
+    "magneto": NormRule("magneto", pre_norm=True, sub_ln=True, final_norm=True, scale_cross=False,
+                        gains=lambda arch, n_enc, n_dec, variant: magneto_gamma(arch, n_enc, n_dec)),
+    # LN(alpha x + f(x)), W_v/W_o/W_1/W_2 init times beta; DeepNet counts cross-attention
+    # among the decoder's 3M sub-layers, so it is scaled too
+    "deepnorm": NormRule("deepnorm", pre_norm=False, sub_ln=False, final_norm=False, scale_cross=True,
+                         alphas=lambda arch, n_enc, n_dec, variant: deepnorm_alpha(arch, n_enc, n_dec),
+                         gains=deepnorm_beta),
+}
+NORMS = tuple(RULES)
+
+
+def stack_rules(
     norm: str,
     arch: str,
     n_enc: int = 0,
@@ -80,34 +124,34 @@ def stack_scales(
     residual_scale: float | None = None,
     init_gain: float | None = None,
     variant: str = "paper",
-) -> dict[str, StackScales]:
-    """alpha and gain for each stack ("encoder" / "decoder") present in ``arch``.
-
-    ``residual_scale`` / ``init_gain`` override the rule's own values for every stack:
-    FoundationLayerNorm is ``postln`` with residual_scale=0.974; Upscale-LN is
-    ``deepnorm`` with init_gain=1 (DeepNorm's alpha, no beta).
-    """
-    if norm not in NORMS:
+    final_norm: bool = True,
+) -> dict[str, NormRule]:
+    """The rule of each stack ("encoder" / "decoder") present in ``arch``, with its alpha
+    and gain. ``residual_scale`` / ``init_gain`` override the rule's own values for every
+    stack: FoundationLayerNorm is ``postln`` with residual_scale=0.974; Upscale-LN is
+    ``deepnorm`` with init_gain=1 (DeepNorm's alpha, no beta). ``final_norm=False`` drops a
+    pre-norm stack's final LayerNorm."""
+    if norm not in RULES:
         raise ValueError(f"norm must be one of {NORMS}, got {norm!r}")
-    if norm == "magneto":
-        alphas, gains = (1.0, 1.0), magneto_gamma(arch, n_enc, n_dec)
-    elif norm == "deepnorm":
-        alphas = deepnorm_alpha(arch, n_enc, n_dec)
-        gains = deepnorm_beta(arch, n_enc, n_dec, variant)
-    else:
-        _check(arch, n_enc, n_dec)
-        alphas, gains = (1.0, 1.0), (1.0, 1.0)
+    rule = RULES[norm]
+    _check(arch, n_enc, n_dec)
+    alphas = rule.alphas(arch, n_enc, n_dec, variant) if rule.alphas else (1.0, 1.0)
+    gains = rule.gains(arch, n_enc, n_dec, variant) if rule.gains else (1.0, 1.0)
     out = {}
     for i, name in enumerate(("encoder", "decoder")):
-        present = arch == "encoder_decoder" or arch == name
-        if present:
-            alpha = alphas[i] if alphas[i] is not None else 1.0
-            gain = gains[i] if gains[i] is not None else 1.0
-            out[name] = StackScales(
-                alpha=alpha if residual_scale is None else residual_scale,
-                gain=gain if init_gain is None else init_gain,
+        if arch == "encoder_decoder" or arch == name:
+            out[name] = dataclasses.replace(
+                rule,
+                alpha=(alphas[i] if alphas[i] is not None else 1.0) if residual_scale is None else residual_scale,
+                gain=(gains[i] if gains[i] is not None else 1.0) if init_gain is None else init_gain,
+                final_norm=rule.final_norm and final_norm,
             )
     return out
+
+
+def stack_scales(norm: str, arch: str, n_enc: int = 0, n_dec: int = 0, **overrides) -> dict[str, StackScales]:
+    """alpha and gain for each stack present in ``arch`` (``stack_rules``' numbers)."""
+    return {name: StackScales(r.alpha, r.gain) for name, r in stack_rules(norm, arch, n_enc, n_dec, **overrides).items()}
 
 
 def _check(arch: str, n_enc: int, n_dec: int) -> None:

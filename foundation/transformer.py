@@ -11,19 +11,19 @@ from foundation.block import Block, init_block
 from foundation.config import BackboneConfig
 from foundation.layers import RelativePositionBias1d, RelativePositionBias2d, attention_mask
 from foundation.multiway import Segments, merge_segments, per_expert, route
-from foundation.scaling import stack_scales
+from foundation.scaling import NormRule, StackScales, stack_rules
 
 
 class Stack(nn.Module):
-    """``depth`` blocks, an optional shared relative position bias, an optional final LN."""
+    """``depth`` blocks, an optional shared relative position bias, the rule's final LN."""
 
-    def __init__(self, cfg: BackboneConfig, depth: int, *, alpha: float, causal: bool, cross: bool):
+    def __init__(self, cfg: BackboneConfig, depth: int, rule: NormRule, *, causal: bool, cross: bool):
         super().__init__()
-        self.causal, self.checkpointing = causal, cfg.checkpoint_activations
+        self.rule, self.causal, self.checkpointing = rule, causal, cfg.checkpoint_activations
         # plain Python, so the model can also be built on the meta device (FSDP)
         rates = [cfg.drop_path * i / (depth - 1) for i in range(depth)] if depth > 1 else [cfg.drop_path]
         self.layers = nn.ModuleList(
-            Block(cfg, alpha=alpha, cross=cross, drop_path=rates[i],
+            Block(cfg, rule, cross=cross, drop_path=rates[i],
                   vl_expert=i >= depth - cfg.vl_expert_layers)
             for i in range(depth)
         )
@@ -33,22 +33,14 @@ class Stack(nn.Module):
             self.rel_pos = RelativePositionBias2d(cfg.heads, cfg.rel_pos_grid, cfg.rel_pos_prefix)
         else:
             self.rel_pos = None
-        # Pre-LN style stacks end in a LayerNorm; Post-LN style ones already end in one.
         norm = lambda: nn.LayerNorm(cfg.dim, eps=cfg.layernorm_eps)  # noqa: E731
-        self.norm = per_expert(cfg.experts, norm) if cfg.pre_norm and cfg.final_norm else None
+        self.norm = per_expert(cfg.experts, norm) if rule.final_norm else None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        padding_mask: torch.Tensor | None = None,
-        attn_mask: torch.Tensor | None = None,
-        segments: Segments | None = None,
-        return_layers: Iterable[int] | None = None,
-        memory: torch.Tensor | None = None,
-        memory_padding_mask: torch.Tensor | None = None,
-        stop_early: bool = False,
-    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """``stop_early``: skip the layers after the last of ``return_layers`` (timm's
+    def forward(self, x, padding_mask=None, attn_mask=None, segments=None, return_layers=None, memory=None,
+                memory_padding_mask=None, stop_early=False) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """(output, {layer: hidden}); the arguments are ``Backbone.forward``'s (checked there),
+        ``memory`` the encoder's output for a decoder's cross-attention. ``stop_early``: skip
+        the layers after the last of ``return_layers`` (timm's
         ``forward_intermediates(stop_early=True)``); the final norm then applies to that layer."""
         B, T, _ = x.shape
         if padding_mask is not None:  # padded positions carry zeros, whatever the caller put there
@@ -106,25 +98,26 @@ class Backbone(nn.Module):
         self.dim = self.num_features = cfg.dim
         n_enc = cfg.depth if cfg.arch != "decoder" else 0
         n_dec = {"encoder": 0, "decoder": cfg.depth, "encoder_decoder": cfg.decoder_depth}[cfg.arch]
-        self.scales = stack_scales(
+        rules = stack_rules(
             cfg.norm, cfg.arch, n_enc, n_dec, residual_scale=cfg.residual_scale,
-            init_gain=cfg.init_gain, variant=cfg.init_variant,
+            init_gain=cfg.init_gain, variant=cfg.init_variant, final_norm=cfg.final_norm,
         )
-        enc, dec = self.scales.get("encoder"), self.scales.get("decoder")
-        self.encoder = Stack(cfg, n_enc, alpha=enc.alpha, causal=False, cross=False) if enc else None
+        self.scales = {name: StackScales(r.alpha, r.gain) for name, r in rules.items()}
+        enc, dec = rules.get("encoder"), rules.get("decoder")
+        self.encoder = Stack(cfg, n_enc, enc, causal=False, cross=False) if enc else None
         self.decoder = (
-            Stack(cfg, n_dec, alpha=dec.alpha, causal=True, cross=cfg.arch == "encoder_decoder")
+            Stack(cfg, n_dec, dec, causal=True, cross=cfg.arch == "encoder_decoder")
             if dec else None
         )
         self.init_weights()
 
     def init_weights(self) -> None:
         """Standard init of every block, then the rule's gain (see ``init_block``)."""
-        for name, stack in (("encoder", self.encoder), ("decoder", self.decoder)):
+        for stack in (self.encoder, self.decoder):
             if stack is None:
                 continue
             for layer in stack.layers:
-                init_block(layer, self.scales[name].gain, norm=self.config.norm, variant=self.config.init_variant)
+                init_block(layer, variant=self.config.init_variant)
             if stack.norm is not None:
                 for m in stack.norm.modules():
                     if isinstance(m, nn.LayerNorm):

@@ -4,7 +4,7 @@ import json
 import pytest
 
 from foundation import bench
-from foundation.torchscale_compat import import_torchscale
+from foundation.checkpoint import import_torchscale
 
 TINY = ["--dim", "16", "--depth", "2", "--heads", "2", "--tokens", "5", "--batch", "2",
         "--reps", "1", "--warmup", "1", "--threads", "1"]

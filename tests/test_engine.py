@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from foundation import checkpoint
 from foundation.config import ConfigError
 from foundation.engine import cli
-from foundation.engine.checkpointing import Checkpointer
+from foundation.engine.run_state import Checkpointer
 from foundation.engine.config import apply_override, load_config, resolve
 from foundation.engine.data import ShardBatchSampler, TaskStream, step_plan
 from foundation.engine.distributed import Env
@@ -118,7 +118,7 @@ def test_kill_while_writing_a_checkpoint(tmp_path):
     script = textwrap.dedent(f"""
         import json, os, torch
         from omegaconf import OmegaConf
-        from foundation.engine import checkpointing
+        from foundation.engine import run_state
         from foundation.engine.config import resolve
         from foundation.engine.loop import train
 
@@ -131,7 +131,7 @@ def test_kill_while_writing_a_checkpoint(tmp_path):
                     f.truncate(size // 2)
                 os._exit(9)
             return real_save(obj, path, *a, **k)
-        checkpointing.torch.save = dying_save
+        run_state.torch.save = dying_save
         train(*resolve(OmegaConf.create(json.load(open({str(tmp_path / 'cfg.json')!r})))))
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}

@@ -25,7 +25,7 @@ from test_engine import records, run, tiny_config
 from foundation import checkpoint
 from foundation.checkpoint import CheckpointError
 from foundation.config import ConfigError
-from foundation.engine import checkpointing, cli
+from foundation.engine import cli, run_state
 from foundation.engine.failure import EXIT_CODES, DiskFull, RunDirInUse, WriteFailed, write_failure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -210,14 +210,14 @@ def test_weights_that_become_non_finite_are_never_saved(tmp_path, monkeypatch):
 
 
 def test_a_full_disk_is_named_and_recorded(tmp_path, monkeypatch, capsys):
-    real_save = checkpointing.torch.save
+    real_save = run_state.torch.save
 
     def full(obj, f, *a, **k):
         if "step_000004" in str(f):
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_save(obj, f, *a, **k)
 
-    monkeypatch.setattr(checkpointing.torch, "save", full)
+    monkeypatch.setattr(run_state.torch, "save", full)
     path = write_config(tmp_path, tiny_config(tmp_path, train={"steps": 6}, save={"every": 2}))
     assert cli.train_main([str(path)]) == EXIT_CODES["disk_full"]
     err = capsys.readouterr().err.strip()
@@ -339,7 +339,7 @@ def test_compare_reports_a_failed_run_with_its_line(tmp_path, monkeypatch):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(checkpointing.torch, "save", no_space)
+    monkeypatch.setattr(run_state.torch, "save", no_space)
     with pytest.raises(DiskFull):
         run(tiny_config(tmp_path, train={"steps": 2}))
     outcome = compare.judge(compare.RunSpec("run", "magneto", 0, 3e-3), tmp_path / "run")

@@ -91,7 +91,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     for candidate in (path / "model.safetensors", path / "best" / "model.safetensors"):
         if candidate.is_file():
             return candidate
-    from foundation.engine.checkpointing import Checkpointer
+    from foundation.engine.run_state import Checkpointer
     from foundation.engine.distributed import Env
 
     latest = Checkpointer(path, 1, Env(0, 1, 0, None, False)).latest()

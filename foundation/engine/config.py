@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
-from foundation.config import BackboneConfig, ConfigError, build, read_mapping, to_dict
+from foundation.config import BackboneConfig, ConfigError, apply_override, build, read_yaml, to_dict
 from foundation.engine.task import Task, get_task, known_tasks
 
 SCHEDULES = ("cosine", "linear", "poly", "constant")
@@ -239,50 +238,6 @@ def task_specs(entries: Sequence[Mapping[str, Any]], where: str = "config") -> l
     return specs
 
 
-def apply_override(raw: DictConfig, item: str, where: str = "command line") -> None:
-    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists).
-    ``~key`` deletes the key (or the task entry ``~tasks.<id>``), as Hydra's delete override."""
-    key, eq, value = item.partition("=")
-    key = key.strip().lstrip("-")
-    delete = key.startswith("~")
-    key = key.lstrip("~")
-    if not key or (eq if delete else not eq):
-        raise ConfigError(f"{where}: override {item!r} is not key=value or ~key")
-    parts = key.split(".")
-    if parts[0] == "tasks" and len(parts) > 1 and not parts[1].isdigit():
-        ids = [str(t.get("id") or t.get("name")) for t in raw.get("tasks") or []]
-        if parts[1] not in ids:
-            raise ConfigError(f"{where}: override {item!r}: no task {parts[1]!r} in the config (tasks: {', '.join(ids)})")
-        parts[1] = str(ids.index(parts[1]))
-    if delete:
-        _delete(raw, parts, item, where)
-        return
-    try:
-        parsed = OmegaConf.from_dotlist([f"value={value}"])["value"]
-        OmegaConf.update(raw, ".".join(parts), parsed, merge=True)
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"{where}: override {item!r}: {str(e).splitlines()[0]}") from None
-
-
-def _delete(raw: DictConfig, parts: list[str], item: str, where: str) -> None:
-    node: Any = raw
-    for i, part in enumerate(parts):
-        last = i == len(parts) - 1
-        if isinstance(node, DictConfig) and part in node:
-            if last:
-                del node[part]
-                return
-            node = node[part]
-        elif OmegaConf.is_list(node) and part.isdigit() and int(part) < len(node):
-            if last:
-                del node[int(part)]
-                return
-            node = node[int(part)]
-        else:
-            break
-    raise ConfigError(f"{where}: override {item!r}: the config has no {'.'.join(parts[:i + 1])!r} to delete")
-
-
 def shipped_configs_dir() -> Path | None:
     """The configs/ folder shipped with the package (package ``foundation_configs``, mapped
     onto configs/ in pyproject), else the one beside the sources (a clone on PYTHONPATH)."""
@@ -321,9 +276,7 @@ def load_config(path: str | Path, overrides: Sequence[str] = (), *, check_data: 
     ``path`` is a file, or the name of a shipped config (see ``find_config``).
     """
     path = find_config(path)
-    raw = read_mapping(path)
-    for item in overrides:
-        apply_override(raw, item)
+    raw = read_yaml(path, overrides)
     return resolve(raw, where=str(path), default_name=path.stem, check_data=check_data)
 
 

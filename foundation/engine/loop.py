@@ -46,7 +46,7 @@ from foundation import checkpoint
 from foundation.checkpoint import CheckpointError
 from foundation.config import ConfigError
 from foundation.engine import distributed
-from foundation.engine.checkpointing import MODEL_FILE, Checkpointer, rng_state, set_rng_state, write_text_atomic
+from foundation.engine.run_state import MODEL_FILE, Checkpointer, rng_state, set_rng_state, write_text_atomic
 from foundation.engine.config import TaskSpec, TrainConfig, resolve
 from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
 from foundation.engine.distributed import Env

@@ -32,7 +32,7 @@ from omegaconf import OmegaConf
 
 from foundation.config import ConfigError, build, to_dict
 from foundation.engine import distributed
-from foundation.engine.checkpointing import write_text_atomic
+from foundation.engine.run_state import write_text_atomic
 from foundation.engine.distributed import Env
 from foundation.engine.failure import RunDirInUse, classify
 

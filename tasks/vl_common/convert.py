@@ -31,7 +31,7 @@ from torch import nn
 
 from foundation.checkpoint import CheckpointError, from_torchscale, load_state_into, to_torchscale, torchscale_args
 from foundation.config import to_dict
-from foundation.torchscale_compat import import_torchscale
+from foundation.checkpoint import import_torchscale
 from tasks.vl_common.beit3 import EXPERTS, BEiT3, BEiT3Config, resize_vision_pos
 
 POSITION_OFFSET = 2  # torchscale's (fairseq's) position tables start at row 2

@@ -1,4 +1,4 @@
-"""Checkpoints: safetensors weights plus the config that built them, and converters.
+"""The checkpoint file: safetensors weights plus the config that built them.
 
 A checkpoint is one ``.safetensors`` file. Its metadata holds the model kind (a name in
 ``MODEL_KINDS``) and the model's config as JSON, so ``load(path)`` rebuilds the model
@@ -15,36 +15,25 @@ returns ``{section: {key: value}}`` (JSON values, or ``bytes`` such as a sentenc
 model), written as JSON into the metadata (``foundation.meta``; bytes base64-encoded).
 ``read_meta(path)`` gives it back, and ``load`` keeps it on the model as ``saved_meta``
 (a model rebuilt from a file writes the same metadata again when it is saved).
-
-Converters map the public checkpoints' layouts onto ours:
-
-* ``from_torchscale`` / ``to_torchscale``: torchscale 0.3.0's ``Encoder`` (the official
-  Magneto / DeepNet / BEiT-3 code) <-> our ``Backbone``.
-(``foundation.vit.from_timm`` converts a timm ``VisionTransformer``.)
 """
 from __future__ import annotations
 
 import base64
 import importlib
 import json
-import math
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from foundation.checkpoint.io import atomic_write
 from foundation.config import BackboneConfig, to_dict
-from foundation.scaling import deepnorm_alpha
 from foundation.transformer import Backbone
 
 FORMAT_VERSION = "1"
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
 # metadata keys of our files
 META_FORMAT, META_KIND, META_CONFIG = "foundation.format", "foundation.kind", "foundation.config"
 META_MODULE = "foundation.module"  # the module whose import registers the file's kind
@@ -155,39 +144,6 @@ def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if shared or not t.is_contiguous():
             out[k] = t.clone(memory_format=torch.contiguous_format)
     return out
-
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> None:
-    """``write`` a temporary file next to ``path``, fsync it, then rename it over ``path``:
-    readers see the old file or the whole new one, never a partial one."""
-    path = Path(path)
-    directory = path.parent
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    os.close(fd)
-    try:
-        write(tmp)
-        fsync_path(tmp)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp's 0600 would outlive the rename
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_path(directory)  # make the rename itself durable
-
-
-def fsync_path(path: str | Path) -> None:
-    """fsync a file or directory; a no-op where the platform refuses."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _open(path: Path) -> tuple[dict[str, str], Callable[[], dict[str, torch.Tensor]]]:
@@ -363,218 +319,3 @@ def _check_same_computation(model: nn.Module, saved: Any, where: str) -> None:
 def _listing(items: Sequence[str], limit: int = 20) -> str:
     shown = ", ".join(items[:limit])
     return shown + (f", ... and {len(items) - limit} more" if len(items) > limit else "")
-
-
-# --------------------------------------------------------------------------- torchscale
-
-# Modules around torchscale's Transformer stack that our Backbone does not hold; a caller
-# that converts them into its own front end / head may name them in ``ignore``.
-TORCHSCALE_OUTSIDE = ("embed_tokens", "embed_positions", "layernorm_embedding", "output_projection")
-
-# (ours, our sub-path, torchscale's, torchscale's sub-path, Sub-LN only) per layer; with
-# multiway the expert goes between the module and its sub-path (mlp.text.fc1 / ffn.B.fc1).
-_LAYER_MODULES = (
-    ("norm1", "", "self_attn_layer_norm", "", False),
-    ("attn.norm", "", "self_attn.inner_attn_ln", "", True),
-    ("attn.proj", "", "self_attn.out_proj", "", False),
-    ("norm2", "", "final_layer_norm", "", False),
-    ("mlp", "fc1", "ffn", "fc1", False),
-    ("mlp", "norm", "ffn", "ffn_layernorm", True),
-    ("mlp", "fc2", "ffn", "fc2", False),
-)
-_TS_REL_POS = "relative_position.relative_attention_bias.weight"
-
-
-def _join(*parts: str) -> str:
-    return ".".join(p for p in parts if p)
-
-
-def _torchscale_pairs(cfg: BackboneConfig) -> Iterator[tuple[str, list[str]]]:
-    """(our key, [torchscale keys]) for every tensor; several torchscale keys (q, k, v)
-    are stacked row-wise into our one fused ``qkv``."""
-    experts = list(zip(cfg.experts, "AB")) or [("", "")]
-    sub_ln = cfg.norm == "magneto"
-    for i in range(cfg.depth):
-        ours, theirs = f"encoder.layers.{i}", f"layers.{i}"
-        for e, ab in experts:
-            for p in ("weight", "bias"):
-                yield (_join(ours, "attn.qkv", e, p),
-                       [_join(theirs, f"self_attn.{x}_proj", ab, p) for x in "qkv"])
-        for our_mod, our_sub, ts_mod, ts_sub, only_sub_ln in _LAYER_MODULES:
-            if only_sub_ln and not sub_ln:
-                continue
-            for e, ab in experts:
-                for p in ("weight", "bias"):
-                    yield _join(ours, our_mod, e, our_sub, p), [_join(theirs, ts_mod, ab, ts_sub, p)]
-    if cfg.pre_norm and cfg.final_norm:
-        for e, ab in experts:
-            for p in ("weight", "bias"):
-                yield _join("encoder.norm", e, p), [_join("layer_norm", ab, p)]
-    if cfg.rel_pos == "1d":
-        yield "encoder.rel_pos.table", [_TS_REL_POS]
-
-
-def torchscale_config(
-    encoder: nn.Module, experts: Sequence[str] = ("vision", "text"), *, ignore: Sequence[str] = ()
-) -> BackboneConfig:
-    """Our ``BackboneConfig`` for a torchscale 0.3.0 ``Encoder``; ValueError naming the
-    torchscale option for anything our Backbone cannot reproduce."""
-    args = encoder.args
-    bad_ignore = set(ignore) - set(TORCHSCALE_OUTSIDE)
-    if bad_ignore:
-        raise ValueError(
-            f"ignore: {sorted(bad_ignore)} are not modules outside the stack ({', '.join(TORCHSCALE_OUTSIDE)})"
-        )
-
-    def refuse(option: str, why: str) -> ValueError:
-        return ValueError(f"torchscale option {option}={getattr(args, option, None)!r}: {why}")
-
-    if getattr(args, "moe_freq", 0) or getattr(args, "moe_expert_count", 0) or any(
-        getattr(layer, "is_moe_layer", False) for layer in encoder.layers
-    ):
-        raise refuse("moe_freq", "mixture-of-experts layers are not supported")
-    if getattr(args, "xpos_rel_pos", False):
-        raise refuse("xpos_rel_pos", "xPos rotary positions are not supported")
-    if getattr(encoder, "embed_scale", 1.0) != 1.0:
-        raise refuse("no_scale_embedding", f"embedding scale {encoder.embed_scale} != 1 is not supported")
-    for name in TORCHSCALE_OUTSIDE:
-        if getattr(encoder, name, None) is not None and name not in ignore:
-            option = {"layernorm_embedding": "layernorm_embedding", "output_projection": "no_output_layer"}.get(name)
-            why = (f"the encoder has {name}, which our Backbone does not hold (it takes embeddings in and "
-                   f"gives hidden states out); convert it separately and pass ignore=({name!r},)")
-            raise refuse(option, why) if option else ValueError(f"torchscale Encoder.{name}: {why}")
-    if args.activation_fn not in ("gelu", "relu", "swish"):
-        raise refuse("activation_fn", "must be gelu, relu or swish")
-    if args.subln and args.deepnorm:
-        raise refuse("subln", "subln and deepnorm together is not a rule we implement")
-    if args.subln:
-        if not args.encoder_normalize_before:
-            raise refuse("encoder_normalize_before", "Sub-LN with Post-LN residuals is not supported")
-        norm = "magneto"
-    elif args.deepnorm:
-        norm = "deepnorm"
-    else:
-        norm = "preln" if args.encoder_normalize_before else "postln"
-    if args.multiway and len(experts) != 2:
-        raise ValueError(f"experts: a multiway torchscale encoder has two experts (A, B); got {list(experts)}")
-    rel_1d = args.rel_pos_buckets > 0 and args.max_rel_pos > 0
-
-    n = args.encoder_layers
-    alpha = getattr(encoder.layers[0], "alpha", 1.0) if len(encoder.layers) else 1.0
-    ours = deepnorm_alpha("encoder", n)[0] if norm == "deepnorm" else 1.0
-    # torchscale's encoder of an encoder-decoder uses 0.81 (N^4 M)^(1/16) instead
-    residual_scale = None if math.isclose(alpha, ours, rel_tol=1e-12) else float(alpha)
-    if residual_scale is not None and norm not in ("deepnorm", "postln"):
-        raise ValueError(f"torchscale EncoderLayer.alpha={alpha}: a residual weight needs post-norm residuals")
-
-    return BackboneConfig(
-        dim=args.encoder_embed_dim,
-        depth=n,
-        heads=args.encoder_attention_heads,
-        ffn_dim=args.encoder_ffn_embed_dim,
-        norm=norm,
-        experts=list(experts) if args.multiway else [],
-        activation=args.activation_fn,
-        layernorm_eps=args.layernorm_eps,
-        dropout=args.dropout,
-        attn_dropout=args.attention_dropout,
-        activation_dropout=args.activation_dropout,
-        drop_path=args.drop_path_rate,
-        rel_pos="1d" if rel_1d else "none",
-        rel_pos_buckets=args.rel_pos_buckets if rel_1d else 32,
-        rel_pos_max_distance=args.max_rel_pos if rel_1d else 128,
-        final_norm=bool(args.normalize_output) if norm in ("preln", "magneto") else True,
-        residual_scale=residual_scale,
-        init_variant="torchscale",
-        checkpoint_activations=bool(args.checkpoint_activations),
-    )
-
-
-def from_torchscale(
-    encoder: nn.Module, experts: Sequence[str] = ("vision", "text"), *, ignore: Sequence[str] = ()
-) -> Backbone:
-    """Our ``Backbone`` computing what a torchscale 0.3.0 ``Encoder`` computes.
-
-    Multiway: torchscale's A expert becomes ``experts[0]``, B ``experts[1]``; its
-    ``multiway_split_position`` s is our ``segments=[(experts[0], s), (experts[1], T - s)]``
-    (s = -1: all A; s = 0: all B). ``ignore`` names modules outside the stack
-    (``TORCHSCALE_OUTSIDE``) that the caller converts itself.
-    """
-    cfg = torchscale_config(encoder, experts, ignore=ignore)
-    state = {k: v for k, v in encoder.state_dict().items() if k.split(".")[0] not in ignore}
-    ours: dict[str, torch.Tensor] = {}
-    used, missing = set(), []
-    for key, ts_keys in _torchscale_pairs(cfg):
-        absent = [k for k in ts_keys if k not in state]
-        if absent:
-            missing += absent
-            continue
-        ours[key] = torch.cat([state[k] for k in ts_keys]) if len(ts_keys) > 1 else state[ts_keys[0]]
-        used.update(ts_keys)
-    unexpected = [k for k in state if k not in used]
-    if missing or unexpected:
-        raise CheckpointError(
-            f"torchscale encoder does not match the inferred config ({cfg.norm}, {cfg.depth} layers): "
-            f"missing {_listing(missing) or 'none'}; not converted {_listing(unexpected) or 'none'}"
-        )
-    model = Backbone(cfg)
-    load_state_into(model, ours, where="converted torchscale encoder")
-    return model.train(encoder.training)
-
-
-def torchscale_args(cfg: BackboneConfig) -> dict[str, Any]:
-    """``EncoderConfig(**torchscale_args(cfg))`` builds the torchscale 0.3.0 encoder that
-    ``to_torchscale`` fills; ValueError naming the field for what torchscale cannot express."""
-    if cfg.arch != "encoder":
-        raise ValueError(f"arch={cfg.arch!r}: only encoder-only backbones convert to torchscale's Encoder")
-    if cfg.experts and len(cfg.experts) != 2:
-        raise ValueError(f"experts={cfg.experts!r}: torchscale's multiway has exactly two experts (A, B)")
-    for name, ok in (
-        ("vl_expert_layers", cfg.vl_expert_layers == 0),
-        ("shared_attention", not (cfg.shared_attention and cfg.experts)),
-        ("layer_scale", cfg.layer_scale is None),
-        ("qkv_bias", cfg.qkv_bias),
-        ("rel_pos", cfg.rel_pos in ("none", "1d")),
-    ):
-        if not ok:
-            raise ValueError(f"{name}={getattr(cfg, name)!r} has no torchscale Encoder equivalent")
-    torchscale_alpha = deepnorm_alpha("encoder", cfg.depth)[0] if cfg.norm == "deepnorm" else 1.0
-    if cfg.residual_scale is not None and not math.isclose(cfg.residual_scale, torchscale_alpha, rel_tol=1e-12):
-        raise ValueError(
-            f"residual_scale={cfg.residual_scale!r}: torchscale's encoder-only Encoder uses {torchscale_alpha}"
-        )
-    return dict(
-        encoder_embed_dim=cfg.dim,
-        encoder_attention_heads=cfg.heads,
-        encoder_ffn_embed_dim=cfg.ffn_dim,
-        encoder_layers=cfg.depth,
-        encoder_normalize_before=cfg.pre_norm,
-        normalize_output=cfg.final_norm,
-        subln=cfg.norm == "magneto",
-        deepnorm=cfg.norm == "deepnorm",
-        multiway=bool(cfg.experts),
-        activation_fn=cfg.activation,
-        layernorm_eps=cfg.layernorm_eps,
-        dropout=cfg.dropout,
-        attention_dropout=cfg.attn_dropout,
-        activation_dropout=cfg.activation_dropout,
-        drop_path_rate=cfg.drop_path,
-        rel_pos_buckets=cfg.rel_pos_buckets if cfg.rel_pos == "1d" else 0,
-        max_rel_pos=cfg.rel_pos_max_distance if cfg.rel_pos == "1d" else 0,
-        vocab_size=-1,
-        no_output_layer=True,
-    )
-
-
-def to_torchscale(backbone: Backbone) -> dict[str, torch.Tensor]:
-    """torchscale 0.3.0 ``Encoder`` state dict of ``backbone`` (inverse of
-    ``from_torchscale``); it loads with ``strict=True`` into
-    ``Encoder(EncoderConfig(**torchscale_args(backbone.config)))``."""
-    cfg = backbone.config
-    torchscale_args(cfg)  # refuses what torchscale cannot express
-    state = backbone.state_dict()
-    out: dict[str, torch.Tensor] = {}
-    for key, ts_keys in _torchscale_pairs(cfg):
-        for ts_key, part in zip(ts_keys, state[key].chunk(len(ts_keys))):
-            out[ts_key] = part.clone()
-    return out

@@ -5,7 +5,7 @@ import torch
 from timm.models.vision_transformer import ResPostBlock, VisionTransformer as TimmViT
 from torch import nn
 
-from foundation.vit import from_timm
+from foundation.checkpoint.timm import from_timm
 from foundation.vit import VisionTransformer
 
 TOL = 1e-5

@@ -4,9 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from foundation.checkpoint import from_torchscale, to_torchscale, torchscale_args
+from foundation.checkpoint import from_torchscale, import_torchscale, to_torchscale, torchscale_args
 from foundation.config import BackboneConfig
-from foundation.torchscale_compat import import_torchscale
 from foundation.transformer import Backbone
 
 EncoderConfig, Encoder = import_torchscale()

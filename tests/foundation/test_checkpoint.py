@@ -227,7 +227,7 @@ def test_run_files_load_with_no_import_first(tmp_path):
                                        tasks=[{"name": "seq2seq", "problem": "reverse"}]))
     path = save(model, tmp_path / "run.safetensors")
     code = f"from foundation import checkpoint; print(type(checkpoint.load(r'{path}')).__name__)"
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
@@ -320,7 +320,7 @@ def _failing_save_file(tensors, filename, metadata=None):
 def test_failing_save_keeps_the_old_file(tmp_path, monkeypatch):
     path = _saved(tmp_path)
     old = path.read_bytes()
-    monkeypatch.setattr(ckpt, "save_file", _failing_save_file)
+    monkeypatch.setattr(ckpt.format, "save_file", _failing_save_file)
     with pytest.raises(OSError, match="disk full"):
         save(random_backbone(seed=7), path)
     assert path.read_bytes() == old
@@ -329,10 +329,33 @@ def test_failing_save_keeps_the_old_file(tmp_path, monkeypatch):
 
 
 def test_failing_save_creates_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(ckpt, "save_file", _failing_save_file)
+    monkeypatch.setattr(ckpt.format, "save_file", _failing_save_file)
     with pytest.raises(OSError):
         save(random_backbone(), tmp_path / "new.safetensors")
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_saved_files_get_the_umask_mode_and_importing_changes_no_umask(tmp_path, umask):
+    """A saved file has the mode any new file gets (0666 less the umask, not mkstemp's 0600),
+    and importing the package leaves the process umask alone."""
+    import subprocess
+
+    code = ("import os; os.umask(0o027); import foundation.checkpoint; "
+            "u = os.umask(0); print(oct(u))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0o27"
+    before = os.umask(umask)
+    try:
+        path = save(random_backbone(), tmp_path / "m.safetensors")
+        text = tmp_path / "t.txt"
+        ckpt.atomic_write(text, lambda tmp: Path(tmp).write_text("hi"))
+    finally:
+        os.umask(before)
+    for p in (path, text):
+        assert p.stat().st_mode & 0o777 == 0o666 & ~umask
+    assert text.read_text() == "hi"
 
 
 def test_save_replaces_an_existing_file(tmp_path):

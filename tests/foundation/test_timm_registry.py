@@ -9,7 +9,7 @@ from timm.optim import create_optimizer_v2
 
 import foundation  # noqa: F401  (registers the models)
 from foundation import checkpoint
-from foundation.vit import from_timm
+from foundation.checkpoint.timm import from_timm
 
 
 def n_params(model):

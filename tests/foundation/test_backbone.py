@@ -206,7 +206,7 @@ def test_config_yaml_round_trip_and_overrides(tmp_path):
 def test_shipped_backbone_configs_load():
     from pathlib import Path
 
-    files = sorted(Path(__file__).parents[1].glob("configs/backbone/*.yaml"))
+    files = sorted(Path(__file__).parents[2].glob("configs/backbone/*.yaml"))
     assert files
     for f in files:
         cfg = BackboneConfig.from_yaml(f)

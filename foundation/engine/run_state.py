@@ -1,4 +1,6 @@
-"""Training checkpoints for exact resume, written so that a crash never costs the last one.
+"""Run state for exact resume: a run directory's training checkpoints (the model file, written
+by ``foundation.checkpoint``, plus optimizer / RNG / data-position state), written so that a
+crash never costs the last one.
 
 Layout of a run directory::
 
