@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import Dataset
 
 from tasks.asr.data import LAYOUTS, FeatureCache, SpeechDataError, Utterance, wav_path
-from tasks.vl_common.images import item_seed
+from foundation.engine.data import item_seed
 
 AUDIO_SUFFIXES = (".flac", ".wav")
 
