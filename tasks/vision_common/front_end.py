@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 import torch
-from torch import nn
 
 from foundation.checkpoint import sub_state
 from foundation.config import BackboneConfig, ConfigError
