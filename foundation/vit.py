@@ -16,7 +16,7 @@ from torch import nn
 
 from foundation import checkpoint
 from foundation.config import BackboneConfig, ConfigError, build, read_yaml, to_dict
-from foundation.embed import PatchEmbed
+from foundation.embed import ViTFrontEnd
 from foundation.transformer import Backbone
 
 
@@ -71,36 +71,33 @@ class ViTConfig:
         return to_dict(self)
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(ViTFrontEnd):
     """timm's ``VisionTransformer`` interface over our backbone: ``forward_features``,
     ``forward_head``, ``forward_intermediates`` (timm's signature), ``feature_info``,
     ``prune_intermediate_layers``, ``set_grad_checkpointing``, ``group_matcher``,
-    ``no_weight_decay``, ``reset_classifier``."""
+    ``no_weight_decay``, ``reset_classifier``. The front end (``patch_embed``, ``cls_token``,
+    ``pos_embed``, ``embed``) is ``foundation.embed.ViTFrontEnd``, the one the vision heads use."""
 
     def __init__(self, config: ViTConfig):
-        super().__init__()
-        self.config = cfg = config
-        dim = cfg.backbone.dim
-        self.num_features = self.embed_dim = dim
-        self.num_classes = cfg.num_classes
-        self.global_pool = cfg.global_pool
-        self.num_prefix_tokens = 1 if cfg.class_token else 0
-        self.has_class_token = cfg.class_token
+        cfg = config
+        prefix = 1 if cfg.class_token else 0
         if cfg.backbone.rel_pos == "2d" and (
-            list(cfg.backbone.rel_pos_grid) != list(cfg.grid) or cfg.backbone.rel_pos_prefix != self.num_prefix_tokens
+            list(cfg.backbone.rel_pos_grid) != list(cfg.grid) or cfg.backbone.rel_pos_prefix != prefix
         ):
             raise ConfigError(
                 f"backbone.rel_pos_grid {cfg.backbone.rel_pos_grid} / rel_pos_prefix {cfg.backbone.rel_pos_prefix} "
-                f"must match the patch grid {list(cfg.grid)} and {self.num_prefix_tokens} class token(s)"
+                f"must match the patch grid {list(cfg.grid)} and {prefix} class token(s)"
             )
-        self.patch_embed = PatchEmbed(
-            img_size=cfg.img_size, patch_size=cfg.patch_size, in_chans=cfg.in_chans, embed_dim=dim,
-            strict_img_size=not cfg.dynamic_img_size, output_fmt="NHWC" if cfg.dynamic_img_size else None,
-            flatten=not cfg.dynamic_img_size,
-        )
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if cfg.class_token else None
-        n_pos = self.patch_embed.num_patches + self.num_prefix_tokens
-        self.pos_embed = nn.Parameter(torch.zeros(1, n_pos, dim)) if cfg.abs_pos_embed else None
+        dim = cfg.backbone.dim
+        # the class token and positions are drawn after the backbone (init_front_end below),
+        # the order of random draws that seeded runs depend on
+        super().__init__(dim, cfg.img_size, cfg.patch_size, cfg.in_chans, class_token=cfg.class_token,
+                         abs_pos_embed=cfg.abs_pos_embed, dynamic_img_size=cfg.dynamic_img_size, init=False)
+        self.config = cfg
+        self.num_features = self.embed_dim = dim
+        self.num_classes = cfg.num_classes
+        self.global_pool = cfg.global_pool
+        self.has_class_token = cfg.class_token
         self.backbone = Backbone(cfg.backbone)
         self.fc_norm = nn.LayerNorm(dim, eps=cfg.backbone.layernorm_eps) if cfg.fc_norm else nn.Identity()
         self.head = nn.Linear(dim, cfg.num_classes) if cfg.num_classes > 0 else nn.Identity()
@@ -108,9 +105,7 @@ class VisionTransformer(nn.Module):
         # what timm's features_only wrapper reports: one entry per block
         self.feature_info = [dict(module=f"backbone.encoder.layers.{i}", num_chs=dim, reduction=reduction)
                              for i in range(cfg.backbone.depth)]
-        for p in (self.cls_token, self.pos_embed):
-            if p is not None:
-                nn.init.trunc_normal_(p, std=0.02)
+        self.init_front_end()
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
@@ -118,25 +113,6 @@ class VisionTransformer(nn.Module):
     @property
     def blocks(self) -> nn.ModuleList:
         return self.backbone.encoder.layers
-
-    def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Pixels -> tokens ``(B, prefix + H*W, D)`` with position embedding, and (H, W)."""
-        if images.dim() != 4 or images.shape[1] != self.config.in_chans:
-            raise ValueError(f"images: expected (B, {self.config.in_chans}, H, W), got {tuple(images.shape)}")
-        x = self.patch_embed(images)
-        if self.config.dynamic_img_size:
-            B, H, W, D = x.shape
-            x = x.reshape(B, H * W, D)
-        else:
-            H, W = self.patch_embed.grid_size
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        if self.pos_embed is not None:
-            pos = self.pos_embed
-            if (H, W) != tuple(self.patch_embed.grid_size):
-                pos = resample_abs_pos_embed(pos, (H, W), num_prefix_tokens=self.num_prefix_tokens)
-            x = x + pos
-        return x, (H, W)
 
     @staticmethod
     def _mask(x: torch.Tensor, attn_mask: Optional[torch.Tensor], is_causal: bool) -> Optional[torch.Tensor]:

@@ -383,7 +383,7 @@ def _write(tmp_path: Path, mode: str) -> tuple[Path, tuple[int, int, int]]:
 
 
 def _read_classification(path):
-    from tasks.classification.data import load_image
+    from tasks.vision_common.images import load_image
 
     return np.asarray(load_image(path))
 
@@ -430,7 +430,7 @@ def test_modes_made_in_memory_convert_too(mode):
 
 
 def test_verify_converts_as_training_does_and_counts_the_modes(tmp_path, capsys):
-    from tasks.classification import data
+    from tasks.vision_common import folder as data
 
     for split in ("train", "val"):
         (tmp_path / split / "cat").mkdir(parents=True)

@@ -4,16 +4,60 @@ Global micro-batch g of an epoch is ``perm[g*B*W : (g+1)*B*W]`` of the epoch's
 permutation (B = per-process batch, W = processes) and rank r takes its r-th slice of B.
 So one process with batch 8 sees, per step, exactly the samples two processes with
 batch 4 see together, and a stream resumes at (epoch, micro-batch) without replaying.
+
+Per-item randomness (augmentation, masks) is a function of (a base seed, the item index):
+``item_seed`` gives the seed, ``seeded`` runs code written for the global RNGs under it.
+In training the base comes from the DataLoader worker's seed, or, without workers, from one
+draw of torch's RNG, which the engine saves and restores on resume; at evaluation it is
+fixed, so every evaluation sees the same items.
 """
 from __future__ import annotations
 
+import contextlib
 import random
 from typing import Any, Callable, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from foundation.config import ConfigError
+
+
+EVAL_SEED_BASE = 12345  # the base of evaluation items' seeds
+
+
+@contextlib.contextmanager
+def seeded(seed: int) -> Iterator[None]:
+    """Python's, NumPy's and torch's (CPU) RNGs seeded with ``seed`` inside, restored after:
+    transforms written for the global RNGs (timm's, torchvision's) become per-item."""
+    py, npy = random.getstate(), np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        # the CPU generator only: torch.manual_seed would also seed every CUDA device's
+        # generator (which fork_rng(devices=[]) does not restore) and, before CUDA is
+        # initialised, queue that call with a formatted stack trace - per item
+        torch.default_generator.manual_seed(seed)
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            np.random.set_state(npy)
+
+
+def item_seed(index: int, train: bool = True) -> int:
+    """The seed of one item's randomness: (base, index) hashed. Training: base = the
+    DataLoader worker's base seed (the same for every worker of one loader, so it does not
+    depend on which worker takes the item), or without workers a draw of torch's global RNG.
+    Evaluation: a fixed base."""
+    if train:
+        info = torch.utils.data.get_worker_info()
+        base = info.seed - info.id if info is not None else int(torch.randint(0, 2**62, ()).item())
+        base %= 2**63
+    else:
+        base = EVAL_SEED_BASE
+    return int(np.random.SeedSequence([base, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from foundation.engine.data import item_seed
 from tasks.speech_common.corpus import Utterance
 from tasks.speech_common.features import FeatureCache
-from tasks.vl_common.images import item_seed
 
 
 def span_mask(frames: int, prob: float, span: int, rng: np.random.Generator) -> np.ndarray:

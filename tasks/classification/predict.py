@@ -7,7 +7,7 @@ import torch
 from timm.data import create_transform
 
 from foundation.engine.predict import InputError, Predictor
-from tasks.classification.data import ImageDataError, load_image
+from tasks.vision_common.images import ImageDataError, load_image
 
 
 class ClassificationPredictor(Predictor):

@@ -27,29 +27,16 @@ import torch
 from timm.data import Mixup
 from torch import nn
 
-from foundation.config import BackboneConfig, ConfigError
-from foundation.engine.task import Task, register_task
-from tasks.classification.data import (MEAN, STD, ImageDataError, ImageFolderDataset, TransformConfig,
-                                       build_transform, check_root, find_classes)
+from foundation.config import ConfigError
+from foundation.embed import POS_INITS
+from foundation.engine.task import register_task
 from tasks.classification.metrics import classification_metrics, topk_sums
-from tasks.classification.model import POS_INITS, ClassificationHead, load_front_end
-
-
-def check_vision_backbone(backbone: BackboneConfig, img_size: int, patch_size: int, multiway: bool = False) -> None:
-    """The backbone and the patch grid fit a ViT front end (one class token). ``multiway``:
-    the head routes its tokens to the ``vision`` expert of a multiway backbone."""
-    if backbone.arch != "encoder" or (backbone.experts and not multiway):
-        raise ConfigError(f"field 'backbone.arch': vision tasks need a plain encoder (got arch={backbone.arch!r}, "
-                          f"experts={list(backbone.experts)})")
-    if backbone.experts and "vision" not in backbone.experts:
-        raise ConfigError(f"field 'backbone.experts': the image tokens take the 'vision' expert, which "
-                          f"{list(backbone.experts)} lacks")
-    if img_size % patch_size:
-        raise ConfigError(f"field 'img_size': {img_size} is not a multiple of patch_size={patch_size}")
-    grid = [img_size // patch_size] * 2
-    if backbone.rel_pos == "2d" and (list(backbone.rel_pos_grid) != grid or backbone.rel_pos_prefix != 1):
-        raise ConfigError(f"field 'backbone.rel_pos_grid': must be the patch grid {grid} with rel_pos_prefix 1 "
-                          f"(got {backbone.rel_pos_grid}, {backbone.rel_pos_prefix})")
+from tasks.classification.model import ClassificationHead
+from tasks.vision_common.folder import ImageFolderDataset, find_classes
+from tasks.vision_common.front_end import load_front_end
+from tasks.vision_common.images import ImageDataError
+from tasks.vision_common.task import ImageFolderTask
+from tasks.vision_common.transforms import MEAN, STD, TransformConfig, build_transform
 
 
 @dataclass
@@ -95,16 +82,14 @@ class ClassificationConfig(TransformConfig):
 
 
 @register_task("classification")
-class Classification(Task):
+class Classification(ImageFolderTask):
     Config = ClassificationConfig
     primary_metric = "top1"
     modality = "vision"
-    higher_is_better = True
 
     def check(self) -> None:
+        super().check()
         c = self.cfg
-        check_vision_backbone(self.backbone_cfg, c.img_size, c.patch_size)
-        check_root(c.data_dir)
         classes = find_classes(c.data_dir)
         if len(classes) != c.num_classes:
             raise ConfigError(f"field 'num_classes': {c.num_classes}, but {Path(c.data_dir) / 'train'} has "
@@ -135,20 +120,10 @@ class Classification(Task):
                       "initialisation (fine when a checkpoint is loaded next)")
         return head
 
-    def _dataset(self, split: str) -> ImageFolderDataset:
+    def dataset(self, split: str, train: bool) -> ImageFolderDataset:
         c = self.cfg
-        train = split == "train"
-        try:
-            return ImageFolderDataset(c.data_dir, split, build_transform(c, train), min_image_size=c.min_image_size,
-                                      random_transform=train, expected_shape=(3, c.img_size, c.img_size))
-        except ImageDataError as e:
-            raise ConfigError(f"field 'data_dir': {e}") from None
-
-    def train_dataset(self) -> ImageFolderDataset:
-        return self._dataset("train")
-
-    def eval_dataset(self) -> ImageFolderDataset:
-        return self._dataset("val")
+        return ImageFolderDataset(c.data_dir, split, build_transform(c, train), min_image_size=c.min_image_size,
+                                  random_transform=train, expected_shape=(3, c.img_size, c.img_size))
 
     def collate(self, samples):
         images, labels = zip(*samples)

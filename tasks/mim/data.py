@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from tasks.classification.data import ImageFolderDataset
-from tasks.mim.masking import MaskingGenerator
+from tasks.vision_common.folder import ImageFolderDataset
+from tasks.vision_common.masking import MaskingGenerator
 
 
 class MaskedImageFolder(ImageFolderDataset):

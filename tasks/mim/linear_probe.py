@@ -19,17 +19,19 @@ import torch.nn.functional as F
 from foundation import checkpoint
 from foundation.engine import model as _engine_model  # noqa: F401  registers the MultiTaskModel kind
 from foundation.transformer import Backbone
-from tasks.classification.data import ImageFolderDataset, TransformConfig, build_transform
-from tasks.classification.model import ImageEmbedding, load_front_end
+from foundation.embed import ViTFrontEnd
+from tasks.vision_common.folder import ImageFolderDataset
+from tasks.vision_common.front_end import load_front_end
+from tasks.vision_common.transforms import uncropped_eval_transform
 
 
 @torch.no_grad()
-def features(embed: ImageEmbedding, backbone: Backbone, ds: ImageFolderDataset, batch: int = 250):
+def features(embed: ViTFrontEnd, backbone: Backbone, ds: ImageFolderDataset, batch: int = 250):
     xs, ys = [], []
     for i in range(0, len(ds), batch):
         items = [ds[j] for j in range(i, min(i + batch, len(ds)))]
         images = torch.stack([x for x, _ in items])
-        tokens = embed.embed(images)
+        tokens = embed.embed(images)[0]
         xs.append(backbone(tokens, segments=[("vision", tokens.shape[1])])[:, 1:].mean(1))
         ys.append(torch.tensor([y for _, y in items]))
     return torch.cat(xs), torch.cat(ys)
@@ -62,14 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(a.seed)
     _, config = checkpoint.read_config(a.checkpoint)
     backbone = Backbone(config.backbone).eval()
-    embed = ImageEmbedding(config.backbone.dim, a.img_size, a.patch_size)
+    embed = ViTFrontEnd(config.backbone.dim, a.img_size, a.patch_size)
     if not a.random:
         from safetensors.torch import load_file
 
         state = load_file(a.checkpoint)
         backbone.load_state_dict({k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")})
         load_front_end(embed, a.checkpoint, log=lambda s: None)
-    transform = build_transform(TransformConfig(img_size=a.img_size, crop_pct=1.0), train=False)
+    transform = uncropped_eval_transform(a.img_size)
     train = ImageFolderDataset(a.data, "train", transform)
     val = ImageFolderDataset(a.data, "val", transform, classes=train.classes)
     acc = probe(features(embed, backbone, train), features(embed, backbone, val), len(train.classes))

@@ -3,8 +3,8 @@ and a linear layer on the backbone's output predicts each masked patch's visual 
 id (the tokenizer's code for that patch of the unmasked image); cross-entropy over the
 masked patches only.
 
-The front end is the classifier's (``ImageEmbedding``: ``patch_embed``, ``cls_token``,
-``pos_embed``), so fine-tuning loads it by name; ``mask_token`` and ``lm_head`` are the
+The front end is the classifier's (``foundation.embed.ViTFrontEnd``: ``patch_embed``,
+``cls_token``, ``pos_embed``), so fine-tuning loads it by name; ``mask_token`` and ``lm_head`` are the
 pretraining-only parts. The frozen tokenizer is held outside the module tree: it is not
 trained, not saved with these weights and not moved by ``.to()`` (it follows the images).
 """
@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.classification.model import ImageEmbedding
-from tasks.vq_tokenizer.tokenizer import FrozenTokenizer
+from foundation.embed import ViTFrontEnd
+from tasks.vision_common.tokenizer import FrozenTokenizer
 
 
-class MIMHead(ImageEmbedding):
+class MIMHead(ViTFrontEnd):
     def __init__(self, dim: int, img_size: int, patch_size: int, tokenizer: FrozenTokenizer):
         super().__init__(dim, img_size, patch_size)
         if tuple(tokenizer.grid) != tuple(self.grid):
@@ -44,10 +44,10 @@ class MIMHead(ImageEmbedding):
 
     def masked_logits(self, backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Logits (M, num_codes) of the M masked patches (``mask`` (B, N) bool, True = masked)."""
-        x = self.patches(images)
+        x, grid = self.patches(images)
         w = mask.unsqueeze(-1).to(x.dtype)
         x = x * (1 - w) + self.mask_token.to(x.dtype) * w
-        tokens = self.tokens(x)  # the 'vision' expert of a multiway backbone, the shared layers of a plain one
+        tokens = self.tokens(x, grid)  # the 'vision' expert of a multiway backbone, the shared layers of a plain one
         hidden = backbone(tokens, segments=[("vision", tokens.shape[1])])[:, 1:]
         return self.lm_head(hidden[mask])
 

@@ -24,14 +24,14 @@ from torch import nn
 
 from foundation.checkpoint import CheckpointError
 from foundation.config import ConfigError
-from foundation.engine.task import Task, register_task
-from tasks.classification.data import ImageDataError, TransformConfig, build_transform, check_root, pretrain_transform
-from tasks.classification.task import check_vision_backbone
+from foundation.engine.task import register_task
 from tasks.mim.data import MaskedImageFolder
-from tasks.mim.masking import MaskingGenerator
 from tasks.mim.metrics import mim_metrics, mim_sums
 from tasks.mim.model import MIMHead
-from tasks.vq_tokenizer.tokenizer import load_tokenizer
+from tasks.vision_common.masking import MaskingGenerator
+from tasks.vision_common.task import ImageFolderTask
+from tasks.vision_common.tokenizer import load_tokenizer
+from tasks.vision_common.transforms import pretrain_transform, uncropped_eval_transform
 
 
 @dataclass
@@ -73,16 +73,15 @@ class MIMConfig:
 
 
 @register_task("mim")
-class MIM(Task):
+class MIM(ImageFolderTask):
     Config = MIMConfig
     primary_metric = "mim_acc"
     modality = "vision"
-    higher_is_better = True
+    multiway = True
 
     def check(self) -> None:
+        super().check()
         c = self.cfg
-        check_vision_backbone(self.backbone_cfg, c.img_size, c.patch_size, multiway=True)
-        check_root(c.data_dir)
         if c.tokenizer is None:
             raise ConfigError("field 'tokenizer': set it to a trained tokenizer (a vq_tokenizer run's "
                               "best/model.safetensors; see configs/vision/tiny_tokenizer.yaml)")
@@ -103,23 +102,12 @@ class MIM(Task):
                               f"patches, this task has img_size={c.img_size}, patch_size={c.patch_size}")
         return MIMHead(self.backbone_cfg.dim, c.img_size, c.patch_size, tokenizer)
 
-    def _dataset(self, split: str) -> MaskedImageFolder:
+    def dataset(self, split: str, train: bool) -> MaskedImageFolder:
         c = self.cfg
-        train = split == "train"
         transform = (pretrain_transform(c.img_size, c.scale, c.color_jitter, c.hflip, c.interpolation) if train else
-                     build_transform(TransformConfig(img_size=c.img_size, interpolation=c.interpolation, crop_pct=1.0),
-                                     train=False))
-        try:
-            return MaskedImageFolder(c.data_dir, split, transform, random_transform=train, masking=c.masking(),
-                                     mask_seed=c.mask_seed, expected_shape=(3, c.img_size, c.img_size))
-        except ImageDataError as e:
-            raise ConfigError(f"field 'data_dir': {e}") from None
-
-    def train_dataset(self) -> MaskedImageFolder:
-        return self._dataset("train")
-
-    def eval_dataset(self) -> MaskedImageFolder:
-        return self._dataset("val")
+                     uncropped_eval_transform(c.img_size, c.interpolation))
+        return MaskedImageFolder(c.data_dir, split, transform, random_transform=train, masking=c.masking(),
+                                 mask_seed=c.mask_seed, expected_shape=(3, c.img_size, c.img_size))
 
     def collate(self, samples):
         images, masks = zip(*samples)

@@ -21,7 +21,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from tasks.vl_common.images import DataError, item_seed, load_image, transform_image
+from foundation.engine.data import item_seed
+from tasks.vl_common.images import DataError, load_image, transform_image
 from tasks.vl_common.text import Tokenizer, pad_texts
 
 IMAGE_SUBDIRS = {"train": "images/train"}  # other splits: the split name

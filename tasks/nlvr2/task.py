@@ -34,7 +34,6 @@ class NLVR2Config(VLConfig):
 class NLVR2(VLTask):
     Config = NLVR2Config
     primary_metric = "accuracy"
-    higher_is_better = True
 
     def check(self) -> None:
         super().check()

@@ -2,8 +2,8 @@
 UPerHead, auxiliary FCNHead and their losses, whole-image and sliding-window inference.
 
 The head holds everything but the backbone (the engine's contract): the image front end
-(``patch_embed``, ``cls_token``, ``pos_embed``: ``foundation.vit.VisionTransformer``'s
-names, so pretrained ViT / MIM weights load by name), the neck and the two decode heads.
+(``foundation.embed.ViTFrontEnd``, the ViT's and the other vision heads': ``patch_embed``,
+``cls_token``, ``pos_embed``, so pretrained ViT / MIM weights load by name), the neck and the two decode heads.
 The decode heads are mmseg's own modules and compute mmseg's own losses
 (``loss_by_feat``: logits resized to the label, CrossEntropyLoss with ignore 255; the
 auxiliary loss weighted 0.4) - mmseg's ``_base_/models/upernet_beit.py``.
@@ -17,10 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foundation.embed import PatchEmbed
-from tasks.vision_common.pos_embed import init_pos_embed
+from foundation.embed import ViTFrontEnd
 from tasks.segmentation import mmseg_compat
-from tasks.segmentation.pretrained import resize_pos_embed
 
 mmseg_compat.import_mmseg()
 
@@ -42,7 +40,7 @@ def batch_norm_cfg(sync: bool) -> dict:
     return dict(type="BN", requires_grad=True)
 
 
-class UperNetHead(nn.Module):
+class UperNetHead(ViTFrontEnd):
     """``head(backbone, batch) -> (loss, logs)``; ``logits(backbone, images)`` for inference."""
 
     def __init__(
@@ -66,21 +64,11 @@ class UperNetHead(nn.Module):
         sync_bn: bool = True,
         pos_init: str = "trunc_normal",
     ):
-        super().__init__()
+        # dynamic size: whole-image inference at any multiple of the patch size
+        super().__init__(dim, img_size, patch_size, 3, pos_init, class_token=class_token, abs_pos_embed=abs_pos_embed,
+                         dynamic_img_size=True)
         self.img_size, self.patch_size = img_size, patch_size
         self.num_classes, self.out_indices, self.final_norm = num_classes, list(out_indices), final_norm
-        self.num_prefix_tokens = 1 if class_token else 0
-        # dynamic size when there is no fixed-grid relative position table: whole-image
-        # inference at any multiple of the patch size
-        self.patch_embed = PatchEmbed(img_size=img_size, patch_size=patch_size, in_chans=3, embed_dim=dim,
-                                      strict_img_size=False, output_fmt="NHWC", flatten=False)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim)) if class_token else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.grid[0] * self.grid[1], dim)) \
-            if abs_pos_embed else None
-        if self.cls_token is not None:
-            nn.init.trunc_normal_(self.cls_token, std=0.02)
-        if self.pos_embed is not None:  # sincos: see tasks.classification.model.ImageEmbedding
-            init_pos_embed(self.pos_embed, self.grid, self.num_prefix_tokens, pos_init)
         norm_cfg = batch_norm_cfg(sync_bn)
         ce = lambda weight: dict(type="CrossEntropyLoss", use_sigmoid=False, loss_weight=weight)  # noqa: E731
         self.neck = Feature2Pyramid(embed_dim=dim, rescales=list(rescales), norm_cfg=norm_cfg)
@@ -99,25 +87,7 @@ class UperNetHead(nn.Module):
             if head is not None:
                 normal_init(head.conv_seg, mean=0.0, std=0.01, bias=0.0)
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.img_size // self.patch_size, self.img_size // self.patch_size
-
-    def no_weight_decay(self) -> set[str]:
-        return {"cls_token", "pos_embed"}
-
     # ------------------------------------------------------------------ features
-
-    def embed(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """Pixels -> ``(B, prefix + H*W, D)`` tokens and the patch grid (H, W)."""
-        x = self.patch_embed(images)
-        B, H, W, D = x.shape
-        x = x.reshape(B, H * W, D)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)
-        if self.pos_embed is not None:
-            x = x + resize_pos_embed(self.pos_embed, (H, W), self.num_prefix_tokens, self.grid)
-        return x, (H, W)
 
     def features(self, backbone: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
         """The neck's four maps from blocks ``out_indices`` (BEiT's outputs: class token

@@ -34,13 +34,12 @@ from typing import Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
-from timm.layers import resample_abs_pos_embed
 from timm.layers.pos_embed_rel import resize_rel_pos_bias_table
 
 from foundation.checkpoint import CheckpointError
 from foundation.config import BackboneConfig, ConfigError
-
-FRONT_END = ("patch_embed.", "cls_token", "pos_embed")
+from foundation.embed import resize_pos_embed
+from tasks.vision_common.front_end import FRONT_END
 REL_POS_TABLE = "backbone.encoder.rel_pos.table"
 # fields that change what the backbone's weights compute (see foundation.checkpoint)
 _SAME_RULE = ("norm", "activation", "residual_scale", "arch")
@@ -148,15 +147,6 @@ def resize_rel_pos_table(table: torch.Tensor, old_grid: Sequence[int], new_grid:
         return table
     new_shape = ((2 * H - 1) * (2 * W - 1) + 3, table.shape[1])
     return resize_rel_pos_bias_table(table, (H, W), new_shape, old_window_size=(h, w))
-
-
-def resize_pos_embed(pos: torch.Tensor, new_grid: Sequence[int], prefix_tokens: int = 1,
-                     old_grid: Sequence[int] | None = None) -> torch.Tensor:
-    """(1, prefix + h*w, D) -> (1, prefix + H*W, D), bicubic over the grid; prefix entries kept."""
-    H, W = tuple(new_grid)
-    if pos.shape[1] == prefix_tokens + H * W and (old_grid is None or tuple(old_grid) == (H, W)):
-        return pos
-    return resample_abs_pos_embed(pos, (H, W), old_size=old_grid, num_prefix_tokens=prefix_tokens)
 
 
 def fit_vit_weights(weights: ViTWeights, target: Mapping[str, torch.Tensor], grid: Sequence[int],

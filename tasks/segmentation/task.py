@@ -17,10 +17,10 @@ import torch
 import torch.nn.functional as F
 
 from foundation.config import ConfigError
+from foundation.embed import POS_INITS
 from foundation.engine.task import Task, register_task
 from tasks.segmentation.data import (ADE_PALETTE, MEAN, STD, SegDataset, TrainCollate, ade20k, check_layout,
                                      class_names, eval_collate, eval_pipeline, train_pipeline)
-from tasks.vision_common.pos_embed import POS_INITS
 from tasks.segmentation.metrics import iou_sums, seg_metrics
 from tasks.segmentation.model import UperNetHead
 from tasks.segmentation.pretrained import FRONT_END, load_vit_weights

@@ -1,29 +1,23 @@
 """Images of the vision-language tasks: loading with errors that name the file and the
-record, open_clip's transforms, and per-item random generators.
+record, open_clip's transforms, run under per-item seeds.
 
 Transforms are open_clip's ``image_transform``: resize + center crop at evaluation; at
 training a RandomResizedCrop with a configurable scale range and no flip (a flip turns
 "left of" into "right of"). BEiT-3 normalises VL inputs with mean = std = 0.5, the default.
 
 Per-item randomness (crops, masks) comes from a generator seeded by (a base seed, the
-item index): the base is the DataLoader worker's seed, or without workers one draw of
-torch's global RNG, which the engine saves and restores on resume; at evaluation the
-base is fixed, so the evaluation is the same every time.
+item index): ``foundation.engine.data.item_seed``, the same for every task.
 """
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 from PIL import Image
 
 from foundation.config import ConfigError
-# one implementation of per-item, worker-independent randomness for every image task
-from tasks.classification.data import item_seed as train_item_seed
-from tasks.classification.data import seeded
+from foundation.engine.data import seeded
 from tasks.vision_common.images import open_rgb
 
 
@@ -58,14 +52,6 @@ def image_transform(img_size: int, train: bool, mean: Sequence[float], std: Sequ
         if color_jitter:
             aug.update(color_jitter=(color_jitter, color_jitter, color_jitter, 0.0), color_jitter_prob=1.0)
     return clip_transform(img_size, is_train=train, mean=tuple(mean), std=tuple(std), aug_cfg=aug)
-
-
-def item_seed(index: int, train: bool) -> int:
-    """The seed of one item's randomness (see the module docstring): training items as the
-    vision tasks seed theirs, evaluation items from a fixed base."""
-    if train:
-        return train_item_seed(index)
-    return int(np.random.SeedSequence([12345, index]).generate_state(1, np.uint64)[0] >> 1)
 
 
 def transform_image(transform: Callable, image: Image.Image, seed: int | None, record: str) -> torch.Tensor:

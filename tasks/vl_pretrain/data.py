@@ -5,7 +5,7 @@
 * ``pair``:  COCO captions (``annotations/captions_<split>.json``: ``images`` with ``id`` and
   ``file_name``, ``annotations`` with ``image_id`` and ``caption``), images in a folder.
 
-Items carry their masks, drawn per item (see ``tasks.vl_common.images.item_seed``; new
+Items carry their masks, drawn per item (see ``foundation.engine.data.item_seed``; new
 masks every epoch in training, the same ones at every evaluation):
 texts BERT-masked at ``text_ratio``, images block-masked at ``image_ratio`` of the patches.
 """
@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from tasks.vl_common.images import DataError, item_seed, load_image, transform_image
+from foundation.engine.data import item_seed
+from tasks.vl_common.images import DataError, load_image, transform_image
 from tasks.vl_common.text import Tokenizer, pad_texts
 from tasks.vl_pretrain.masking import MaskingGenerator, mask_text
 

@@ -1,5 +1,5 @@
 """Masking for masked data modeling (BEiT-3): block-wise masking of image patches (BEiT's
-algorithm, the vision MIM task's ``tasks.mim.masking.MaskingGenerator``, reused as is) and
+algorithm, ``tasks.vision_common.masking.MaskingGenerator``, shared with the vision MIM task) and
 BERT-style masking of text tokens. Both draw from a ``numpy.random.Generator`` that the
 caller seeds per item.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasks.mim.masking import MaskingGenerator
+from tasks.vision_common.masking import MaskingGenerator
 
 
 def block_masking(grid: tuple[int, int], ratio: float, min_block: int | None = None) -> MaskingGenerator:

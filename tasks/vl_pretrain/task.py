@@ -72,7 +72,6 @@ class VLPretrainConfig(VLConfig):
 class VLPretrain(VLTask):
     Config = VLPretrainConfig
     primary_metric = "accuracy"
-    higher_is_better = True
 
     def check(self) -> None:
         super().check()

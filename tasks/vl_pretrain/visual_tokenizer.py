@@ -1,8 +1,8 @@
 """Visual tokenizers: images -> one discrete id per patch, the targets of masked image
 modeling. Chosen by name (``visual_tokenizer`` in the config, ``build_visual_tokenizer``).
 
-* ``vq_tokenizer``: a trained VQ-KD tokenizer (BEiT v2's; BEiT-3's targets) from the
-  vision task ``tasks/vq_tokenizer``: a tokenizer run's ``model.safetensors`` or a
+* ``vq_tokenizer``: a trained VQ-KD tokenizer (BEiT v2's; BEiT-3's targets) of the
+  vision task ``tasks/vq_tokenizer``, loaded by ``tasks.vision_common.tokenizer``: a tokenizer run's ``model.safetensors`` or a
   converted BEiT v2 tokenizer, at ``visual_tokenizer_path``, frozen. It was trained on
   ImageNet-normalised images, so ours (normalised with ``image_mean`` / ``image_std``)
   are re-normalised for it; its patch grid must be ours.
@@ -47,7 +47,7 @@ class RandomProjectionTokenizer(nn.Module):
 
 
 class VQKDTokenizer(nn.Module):
-    """A frozen ``tasks.vq_tokenizer`` tokenizer behind our image normalisation."""
+    """A frozen VQ-KD tokenizer (``tasks.vision_common.tokenizer``) behind our image normalisation."""
 
     def __init__(self, tokenizer: nn.Module, grid: tuple[int, int], mean, std):
         super().__init__()
@@ -73,7 +73,7 @@ def build_visual_tokenizer(cfg: Any) -> nn.Module:
         return RandomProjectionTokenizer(cfg.patch_size, vocab_size=cfg.visual_vocab_size, code_dim=cfg.visual_code_dim,
                                          seed=cfg.visual_seed)
     from foundation.checkpoint import CheckpointError
-    from tasks.vq_tokenizer.tokenizer import load_tokenizer
+    from tasks.vision_common.tokenizer import load_tokenizer
 
     try:
         tokenizer = load_tokenizer(cfg.visual_tokenizer_path)

@@ -22,12 +22,12 @@ from typing import List, Optional
 import torch
 from torch import nn
 
-from foundation.config import BackboneConfig, ConfigError
-from foundation.engine.task import Task, register_task
-from tasks.classification.data import (ImageDataError, ImageFolderDataset, TransformConfig, build_transform,
-                                       check_root, pretrain_transform)
-from tasks.classification.task import check_vision_backbone
-from tasks.vq_tokenizer.model import VQKDHead
+from foundation.config import ConfigError
+from foundation.engine.task import register_task
+from tasks.vision_common.folder import ImageFolderDataset
+from tasks.vision_common.task import ImageFolderTask
+from tasks.vision_common.transforms import pretrain_transform, uncropped_eval_transform
+from tasks.vision_common.vqkd import VQKDHead, build_vqkd
 from tasks.vq_tokenizer.teacher import ClipTeacher, PixelTeacher
 
 TEACHERS = ("pixels", "clip")
@@ -77,24 +77,15 @@ class VQTokenizerConfig:
             raise bad("scale", "must be [min, max] with 0 < min <= max <= 1")
 
 
-def decoder_config(cfg: VQTokenizerConfig, backbone: BackboneConfig) -> BackboneConfig:
-    """The decoder: the backbone's rule and width unless set, ``decoder_depth`` layers, no drop path."""
-    dim = cfg.decoder_dim or backbone.dim
-    heads = cfg.decoder_heads or (backbone.heads if dim == backbone.dim else max(1, dim // 64))
-    return backbone.replace(dim=dim, heads=heads, depth=cfg.decoder_depth, ffn_dim=4 * dim if dim != backbone.dim
-                            else backbone.ffn_dim, drop_path=0.0, rel_pos="none", rel_pos_grid=None)
-
-
 @register_task("vq_tokenizer")
-class VQTokenizer(Task):
+class VQTokenizer(ImageFolderTask):
     Config = VQTokenizerConfig
     primary_metric = "rec_loss"
     higher_is_better = False
 
     def check(self) -> None:
+        super().check()
         c = self.cfg
-        check_vision_backbone(self.backbone_cfg, c.img_size, c.patch_size)
-        check_root(c.data_dir)
         if c.clip_pretrained is not None and not Path(c.clip_pretrained).is_file():
             raise ConfigError(f"field 'clip_pretrained': not found: {c.clip_pretrained}")
         if c.teacher == "clip" and c.clip_model.endswith(".json") and not Path(c.clip_model).is_file():
@@ -106,13 +97,9 @@ class VQTokenizer(Task):
             return PixelTeacher(c.patch_size, norm_pix=c.norm_pix)
         return ClipTeacher(c.clip_model, c.clip_pretrained)
 
-    def build_head(self, teacher: bool = True) -> VQKDHead:
-        """``teacher=False``: a tokenizer that only encodes (MIM's frozen tokenizer). The
-        teacher itself is built on the first training step, not here."""
-        c, b = self.cfg, self.backbone_cfg
-        return VQKDHead(b.dim, c.img_size, c.patch_size, decoder_config(c, b), num_codes=c.num_codes,
-                        code_dim=c.code_dim, decay=c.decay, kmeans_init=c.kmeans_init, target_dim=self.target_dim(),
-                        rec_loss=c.rec_loss, input_norm=c.input_norm, teacher=self.build_teacher if teacher else None)
+    def build_head(self) -> VQKDHead:
+        """The tokenizer and its teacher, which is built on the first training step, not here."""
+        return build_vqkd(self.cfg, self.backbone_cfg, self.target_dim(), self.build_teacher)
 
     def target_dim(self) -> int:
         """The decoder's output size: ``target_dim``, else the teacher's feature size without
@@ -131,26 +118,15 @@ class VQTokenizer(Task):
             raise ConfigError(f"field 'clip_model': unknown open_clip model {c.clip_model!r}")
         return int(model_cfg["embed_dim"])
 
-    def _dataset(self, split: str) -> ImageFolderDataset:
+    def dataset(self, split: str, train: bool) -> ImageFolderDataset:
         c = self.cfg
-        train = split == "train"
         if train:
             transform = pretrain_transform(c.img_size, c.scale, color_jitter=0.0, hflip=c.hflip,
                                            interpolation=c.interpolation)
         else:
-            transform = build_transform(TransformConfig(img_size=c.img_size, interpolation=c.interpolation,
-                                                        crop_pct=1.0), train=False)
-        try:
-            return ImageFolderDataset(c.data_dir, split, transform, random_transform=train,
-                                      expected_shape=(3, c.img_size, c.img_size))
-        except ImageDataError as e:
-            raise ConfigError(f"field 'data_dir': {e}") from None
-
-    def train_dataset(self) -> ImageFolderDataset:
-        return self._dataset("train")
-
-    def eval_dataset(self) -> ImageFolderDataset:
-        return self._dataset("val")
+            transform = uncropped_eval_transform(c.img_size, c.interpolation)
+        return ImageFolderDataset(c.data_dir, split, transform, random_transform=train,
+                                  expected_shape=(3, c.img_size, c.img_size))
 
     def collate(self, samples):
         return {"images": torch.stack([s[0] for s in samples])}

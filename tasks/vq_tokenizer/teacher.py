@@ -2,7 +2,7 @@
 for offline use, the image's own patch pixels.
 
 Both take the images as the vision pipeline gives them (ImageNet mean/std normalised,
-``tasks.classification.data.MEAN/STD``) and return ``(B, N, out_dim)`` on the tokenizer's
+``tasks.vision_common.transforms.MEAN/STD``) and return ``(B, N, out_dim)`` on the tokenizer's
 patch grid. Teachers are frozen and are not part of the tokenizer's saved weights: a
 tokenizer checkpoint holds only what encodes images into ids.
 """
@@ -16,14 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.classification.data import MEAN, STD
-
-
-def unnormalize(images: torch.Tensor) -> torch.Tensor:
-    """ImageNet-normalised images -> [0, 1]."""
-    mean = torch.tensor(MEAN, device=images.device, dtype=images.dtype)[:, None, None]
-    std = torch.tensor(STD, device=images.device, dtype=images.dtype)[:, None, None]
-    return images * std + mean
+from tasks.vision_common.transforms import unnormalize
 
 
 def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:

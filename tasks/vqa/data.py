@@ -28,7 +28,8 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch.utils.data import Dataset
 
-from tasks.vl_common.images import DataError, item_seed, load_image, transform_image
+from foundation.engine.data import item_seed
+from tasks.vl_common.images import DataError, load_image, transform_image
 from tasks.vl_common.text import Tokenizer, pad_texts
 from tasks.vqa.metrics import normalize_answer, soft_score
 

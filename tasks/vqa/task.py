@@ -70,7 +70,6 @@ class VQAConfig(VLConfig):
 class VQA(VLTask):
     Config = VQAConfig
     primary_metric = "vqa_accuracy"
-    higher_is_better = True
 
     def check(self) -> None:
         super().check()

@@ -1,8 +1,9 @@
-"""A trained tokenizer, frozen, as MIM pretraining uses it: images in, visual token ids out.
+"""A trained tokenizer, frozen, as MIM and VL pretraining use it: images in, visual token ids out.
 
 ``load_tokenizer(path)`` reads a tokenizer run's ``model.safetensors`` (or a BEiT v2
 tokenizer converted by ``tasks.vq_tokenizer.convert``): the backbone (its encoder) and
-the ``vq_tokenizer`` head, without the teacher, which encoding does not need.
+the ``vq_tokenizer`` head (``vqkd.VQKDHead``), without the teacher, which encoding does not
+need. The run's config is read through the engine's task registry, as any checkpoint's.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from torch import nn
 from foundation import checkpoint
 from foundation.checkpoint import CheckpointError
 from foundation.transformer import Backbone
+from tasks.vision_common.vqkd import build_vqkd
 
 
 class FrozenTokenizer(nn.Module):
@@ -58,15 +60,20 @@ def load_tokenizer(path: str | Path, task_id: Optional[str] = None) -> FrozenTok
         raise CheckpointError(f"{path}: expected {what}; its tasks: "
                               f"{', '.join(str(t.get('id') or t.get('name')) for t in config.tasks)}")
     spec = specs[0]
-    task = spec.task(config.backbone)
-    with torch.random.fork_rng(devices=[]):  # building initialises weights: leave the caller's RNG alone
-        tok = FrozenTokenizer(Backbone(config.backbone), task.build_head(teacher=False),
-                              spec.config.img_size, spec.config.patch_size)
     from safetensors.torch import load_file
 
     prefix = f"heads.{spec.id}."
     state = {("head." + k[len(prefix):] if k.startswith(prefix) else k): v for k, v in load_file(str(path)).items()
              if k.startswith((prefix, "backbone."))}
+    decoder_out = state.get("head.decode_task_layer.2.weight")
+    if decoder_out is None:
+        raise CheckpointError(f"{path}: no {prefix}decode_task_layer.2.weight: not a VQ-KD tokenizer head")
+    c = spec.config
+    with torch.random.fork_rng(devices=[]):  # building initialises weights: leave the caller's RNG alone
+        # the decoder's output size is the teacher's feature size, read off the weights so
+        # that the teacher (CLIP) is never looked up
+        head = build_vqkd(c, config.backbone, target_dim=decoder_out.shape[0])
+        tok = FrozenTokenizer(Backbone(config.backbone), head, c.img_size, c.patch_size)
     checkpoint.load_state_into(tok, state, where=f"{path} (tokenizer {spec.id!r})")
     if not bool(tok.head.quantize.initted):
         raise CheckpointError(f"{path}: the tokenizer's codebook was never initialised (no training step)")

@@ -12,9 +12,9 @@ from foundation.config import ConfigError
 from foundation.engine.config import resolve
 from foundation.engine.data import step_plan
 from foundation.engine.model import ModelConfig, MultiTaskModel
+from tasks.vl_common.images import DataError
 from tasks.vl_common.text import get_tokenizer
 from tasks.vl_pretrain.masking import block_masking, mask_text
-from tasks.vqa.demo import write_dataset
 
 BACKBONE = {"dim": 16, "depth": 2, "heads": 2, "ffn_dim": 32, "experts": ["vision", "text"]}
 FRONT = {"img_size": 32, "patch_size": 8, "max_text_len": 24, "text_positions": 32}
@@ -49,11 +49,9 @@ def test_text_masking_rate_and_replacement(ratio):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vl")
-    write_dataset(out, seed=1, image_size=32, vqa_train=12, vqa_val=6, questions_per_image=2, nlvr2_train=4,
-                  nlvr2_dev=4, text_lines=60)
-    return out
+def demo(write_vl_demo):
+    return write_vl_demo(seed=1, vqa_train=12, vqa_val=6, questions_per_image=2, nlvr2_train=4, nlvr2_dev=4,
+                         text_lines=60)
 
 
 def pretrain_tasks(demo, weights=(1.0, 1.0, 1.0), **extra):
@@ -152,7 +150,7 @@ def test_vq_tokenizer_is_pluggable(monkeypatch):
             seen["x"] = x
             return torch.zeros(x.shape[0], 16, dtype=torch.long)
 
-    monkeypatch.setattr("tasks.vq_tokenizer.tokenizer.load_tokenizer", lambda path: Stub())
+    monkeypatch.setattr("tasks.vision_common.tokenizer.load_tokenizer", lambda path: Stub())
     cfg = build(VLPretrainConfig, {"kind": "image", "visual_tokenizer": "vq_tokenizer", "visual_tokenizer_path": "x",
                                    **FRONT})
     tok = build_visual_tokenizer(cfg)
@@ -166,3 +164,16 @@ def test_vq_tokenizer_is_pluggable(monkeypatch):
         build_visual_tokenizer(build(VLPretrainConfig, {**cfg.__dict__, "img_size": 48}))
     with pytest.raises(ConfigError, match="visual_tokenizer_path"):
         build(VLPretrainConfig, {"kind": "pair", "visual_tokenizer": "vq_tokenizer", **FRONT})
+
+
+def test_caption_reader_errors_name_the_record(vl_demo_copy):
+    from tasks.vl_pretrain.data import read_captions
+
+    data = vl_demo_copy
+    path = data / "coco/annotations/captions_train2014.json"
+    assert len(read_captions(path, data / "vqa/train2014")) == 24
+    doc = json.loads(path.read_text())
+    doc["annotations"][5]["caption"] = None
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=r"annotations\[5\]: expected"):
+        read_captions(path, data / "vqa/train2014")

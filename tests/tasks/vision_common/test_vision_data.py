@@ -12,10 +12,11 @@ from PIL import Image
 
 from foundation.cli import main as cli_main
 from foundation.config import ConfigError
+from foundation.engine.data import seeded
 from tasks.classification import demo
-from tasks.classification.data import (ImageDataError, ImageFolderDataset, TransformConfig, _posterize,
-                                       build_transform, check_root, find_classes, load_image, scan_split, seeded,
-                                       verify_images)
+from tasks.vision_common.folder import ImageFolderDataset, check_root, find_classes, scan_split, verify_images
+from tasks.vision_common.images import ImageDataError, load_image
+from tasks.vision_common.transforms import TransformConfig, _posterize, build_transform
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 MMSEG_CONFIGS = REPO / "configs" / "segmentation" / "mmseg"
 TINY = MMSEG_CONFIGS / "tiny-magneto_upernet_demo-48x48.py"
 QUICK = [MMSEG_CONFIGS / "magneto-base_upernet_8xb2-160k_ade20k-640x640.py"]

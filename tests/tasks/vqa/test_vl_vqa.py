@@ -1,14 +1,13 @@
-"""VQA: the official accuracy on hand-made examples, the VQA v2 / NLVR2 / COCO readers'
-errors (each names the file and the record), and the demo data generator."""
+"""VQA: the official accuracy on hand-made examples, the VQA v2 reader's errors (each names
+the file and the record), the fine-tuning checks of VQA and NLVR2, and the demo data generator."""
 import itertools
 import json
-import shutil
 
 import pytest
 
 from foundation.config import ConfigError
 from tasks.vl_common.images import DataError
-from tasks.vqa.demo import QUESTION_TEMPLATES, STATEMENTS, write_dataset
+from tasks.vqa.demo import QUESTION_TEMPLATES, STATEMENTS
 from tasks.vqa.metrics import (
     SOFT_SCORES, evaluate_results, normalize_answer, soft_score, vqa_accuracy, write_results,
 )
@@ -71,15 +70,12 @@ def test_results_file_in_the_official_format(tmp_path):
 # --------------------------------------------------------------------------- demo data and readers
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vl")
-    write_dataset(out, seed=3, image_size=32, vqa_train=12, vqa_val=8, questions_per_image=3, nlvr2_train=8,
-                  nlvr2_dev=6, text_lines=40)
-    return out
+@pytest.fixture
+def demo(vl_demo):
+    return vl_demo
 
 
-def test_demo_layouts_and_determinism(demo, tmp_path):
+def test_demo_layouts_and_determinism(demo, write_vl_demo, vl_demo_sizes):
     q = json.loads((demo / "vqa/v2_OpenEnded_mscoco_val2014_questions.json").read_text())["questions"]
     a = json.loads((demo / "vqa/v2_mscoco_val2014_annotations.json").read_text())["annotations"]
     assert len(q) == len(a) == 24 and all(len(x["answers"]) == 10 for x in a)
@@ -97,24 +93,16 @@ def test_demo_layouts_and_determinism(demo, tmp_path):
     left = train_s[0]["identifier"].rsplit("-", 1)[0]
     assert (demo / f"nlvr2/images/train/{train_s[0]['directory']}/{left}-img1.png").is_file()
     # the same seed writes the same files
-    again = tmp_path / "again"
-    write_dataset(again, seed=3, image_size=32, vqa_train=12, vqa_val=8, questions_per_image=3, nlvr2_train=8,
-                  nlvr2_dev=6, text_lines=40)
+    again = write_vl_demo(**vl_demo_sizes)
     for rel in ("vqa/v2_mscoco_val2014_annotations.json", "nlvr2/data/dev.json", "text/train.txt",
                 "coco/annotations/captions_train2014.json", "vqa/train2014/COCO_train2014_000000000003.jpg"):
         assert (demo / rel).read_bytes() == (again / rel).read_bytes(), rel
 
 
-def _copy(demo, tmp_path):
-    out = tmp_path / "data"
-    shutil.copytree(demo, out)
-    return out
-
-
-def test_vqa_reader_errors_name_the_record(demo, tmp_path):
+def test_vqa_reader_errors_name_the_record(demo, vl_demo_copy, tmp_path):
     from tasks.vqa.data import VQADataset, read_answer_list, read_split
 
-    data = _copy(demo, tmp_path)
+    data = vl_demo_copy
     questions = read_split(data / "vqa", data / "vqa", "train2014")
     assert len(questions) == 36 and len(questions[0].answers) == 10
     qfile = data / "vqa/v2_OpenEnded_mscoco_train2014_questions.json"
@@ -190,38 +178,3 @@ def test_finetune_check_names_field_and_path(demo, tmp_path):
     next(copy.glob("*val2014_annotations.json")).unlink()  # after the answer vocabulary was read
     with pytest.raises(ConfigError, match=r"field 'annotation_dir': .*val2014_annotations\.json not found"):
         VQA(cfg, backbone).check()
-
-
-def test_nlvr2_reader_errors_name_the_record(demo, tmp_path):
-    from tasks.nlvr2.data import read_split
-
-    data = _copy(demo, tmp_path)
-    assert len(read_split(data / "nlvr2", data / "nlvr2", "dev")) == 12
-    path = data / "nlvr2/data/train.json"
-    lines = path.read_text().splitlines()
-    rec = json.loads(lines[2])
-    bad = dict(rec, label="maybe")
-    path.write_text("\n".join(lines[:2] + [json.dumps(bad)] + lines[3:]))
-    with pytest.raises(DataError, match=rf"train\.json:3 \({rec['identifier']}\): field 'label' must be"):
-        read_split(data / "nlvr2", data / "nlvr2", "train")
-    path.write_text("\n".join(lines[:2] + ['{"identifier": "x", '] + lines[3:]))
-    with pytest.raises(DataError, match=r"train\.json:3: not valid JSON"):
-        read_split(data / "nlvr2", data / "nlvr2", "train")
-    path.write_text("\n".join(lines))
-    left = rec["identifier"].rsplit("-", 1)[0]
-    (data / f"nlvr2/images/train/{rec['directory']}/{left}-img1.png").unlink()
-    with pytest.raises(DataError, match=rf"\({rec['identifier']}\): image not found: .*{left}-img1\.png"):
-        read_split(data / "nlvr2", data / "nlvr2", "train")
-
-
-def test_caption_reader_errors_name_the_record(demo, tmp_path):
-    from tasks.vl_pretrain.data import read_captions
-
-    data = _copy(demo, tmp_path)
-    path = data / "coco/annotations/captions_train2014.json"
-    assert len(read_captions(path, data / "vqa/train2014")) == 24
-    doc = json.loads(path.read_text())
-    doc["annotations"][5]["caption"] = None
-    path.write_text(json.dumps(doc))
-    with pytest.raises(DataError, match=r"annotations\[5\]: expected"):
-        read_captions(path, data / "vqa/train2014")

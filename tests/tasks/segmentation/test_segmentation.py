@@ -32,17 +32,15 @@ from tasks.segmentation.metrics import iou_sums, seg_metrics  # noqa: E402
 from tasks.segmentation.mmseg_backbone import MagnetoViT  # noqa: E402
 from tasks.segmentation.transforms import AnnotationError  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def ade_tree(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ade")
-    demo.write(root, seed=0, n_train=2, n_val=2, height=40, width=56)
-    return root
+def ade_tree(write_ade_tree) -> Path:
+    return write_ade_tree(n_train=2, n_val=2, height=40, width=56)
 
 
 # --------------------------------------------------------------------------- mmcv-lite

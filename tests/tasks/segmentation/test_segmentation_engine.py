@@ -27,10 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def ade_tree(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("ade")
-    demo.write(root, seed=0, n_train=8, n_val=2, height=24, width=32)
-    return root
+def ade_tree(write_ade_tree) -> Path:
+    return write_ade_tree(n_train=8, n_val=2, height=24, width=32)
 
 
 # --------------------------------------------------------------------------- position tables
@@ -234,7 +232,7 @@ def test_config_errors_name_the_field(tmp_path, ade_tree):
 def test_repo_configs_validate(name, ade_tree):
     from foundation.engine.config import load_config
 
-    path = Path(__file__).resolve().parents[1] / "configs/segmentation" / f"{name}.yaml"
+    path = Path(__file__).resolve().parents[3] / "configs/segmentation" / f"{name}.yaml"
     cfg, specs = load_config(path, [f"tasks.segmentation.data_root={ade_tree}"])  # runs the task's check()
     seg = specs[0].config
     assert seg.out_indices[-1] == cfg.backbone.depth - 1 and cfg.tasks[0]["pretrained"] is None

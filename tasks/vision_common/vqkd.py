@@ -4,14 +4,14 @@
           -> NormEMAQuantizer (ids) -> decoder_embed + decoder_pos_embed -> decoder (a
           small Transformer of its own) -> decode_task_layer -> teacher features
 
-The encoder is the engine's backbone, so a tokenizer run trains like any other task and
-its checkpoint is an ordinary run checkpoint. ``encode_ids`` is what MIM pretraining
-uses. Names follow BEiT v2's ``VQKD`` (``encode_task_layer``, ``quantize``,
+The encoder is the engine's backbone, so a tokenizer run (the ``vq_tokenizer`` task, which
+adds the teacher) trains like any other task and its checkpoint is an ordinary run
+checkpoint. ``encode_ids`` is what MIM and VL pretraining use (``tokenizer.load_tokenizer``). Names follow BEiT v2's ``VQKD`` (``encode_task_layer``, ``quantize``,
 ``decode_task_layer``) so that ``convert.from_beit2`` maps its released weights 1:1.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,9 +19,9 @@ from torch import nn
 
 from foundation.config import BackboneConfig
 from foundation.transformer import Backbone
-from tasks.classification.model import ImageEmbedding
-from tasks.vq_tokenizer.quantizer import NormEMAQuantizer
-from tasks.vq_tokenizer.teacher import unnormalize
+from foundation.embed import ViTFrontEnd
+from tasks.vision_common.quantizer import NormEMAQuantizer
+from tasks.vision_common.transforms import unnormalize
 
 
 def task_layer(dim_in: int, dim_out: int) -> nn.Sequential:
@@ -34,7 +34,24 @@ def task_layer(dim_in: int, dim_out: int) -> nn.Sequential:
     return layers
 
 
-class VQKDHead(ImageEmbedding):
+def decoder_config(cfg: Any, backbone: BackboneConfig) -> BackboneConfig:
+    """The decoder: the backbone's rule and width unless set, ``decoder_depth`` layers, no drop path."""
+    dim = cfg.decoder_dim or backbone.dim
+    heads = cfg.decoder_heads or (backbone.heads if dim == backbone.dim else max(1, dim // 64))
+    return backbone.replace(dim=dim, heads=heads, depth=cfg.decoder_depth, ffn_dim=4 * dim if dim != backbone.dim
+                            else backbone.ffn_dim, drop_path=0.0, rel_pos="none", rel_pos_grid=None)
+
+
+def build_vqkd(cfg: Any, backbone: BackboneConfig, target_dim: int,
+               teacher: Optional[Callable[[], nn.Module]] = None) -> "VQKDHead":
+    """The head a ``vq_tokenizer`` task config (``cfg``) describes; ``teacher=None``: one
+    that only encodes (the frozen tokenizer of MIM)."""
+    return VQKDHead(backbone.dim, cfg.img_size, cfg.patch_size, decoder_config(cfg, backbone),
+                    num_codes=cfg.num_codes, code_dim=cfg.code_dim, decay=cfg.decay, kmeans_init=cfg.kmeans_init,
+                    target_dim=target_dim, rec_loss=cfg.rec_loss, input_norm=cfg.input_norm, teacher=teacher)
+
+
+class VQKDHead(ViTFrontEnd):
     def __init__(self, dim: int, img_size: int, patch_size: int, decoder: BackboneConfig, *, num_codes: int = 8192,
                  code_dim: int = 32, decay: float = 0.99, kmeans_init: bool = True, target_dim: int = 512,
                  rec_loss: str = "cosine", input_norm: str = "imagenet",
@@ -73,13 +90,13 @@ class VQKDHead(ImageEmbedding):
 
     def encode(self, backbone: nn.Module, images: torch.Tensor):
         """(quantised (B, N, d), ids (B, N), commitment loss)."""
-        hidden = backbone(self.embed(self._input(images)))[:, 1:]  # final-normed patch tokens
+        hidden = backbone(self.embed(self._input(images))[0])[:, 1:]  # final-normed patch tokens
         return self.quantize(self.encode_task_layer(hidden.float()))
 
     @torch.no_grad()
     def encode_ids(self, backbone: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """Visual token ids (B, N) of images (B, 3, H, W), ImageNet-normalised."""
-        z = self.encode_task_layer(backbone(self.embed(self._input(images)))[:, 1:].float())
+        z = self.encode_task_layer(backbone(self.embed(self._input(images))[0])[:, 1:].float())
         return self.quantize.nearest(F.normalize(z, dim=-1))
 
     def decode(self, quantized: torch.Tensor) -> torch.Tensor:

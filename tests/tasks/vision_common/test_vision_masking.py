@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from tasks.mim.masking import MaskingGenerator
+from tasks.vision_common.masking import MaskingGenerator
 
 
 def stats(gen: MaskingGenerator, n: int = 400, seed: int = 0):

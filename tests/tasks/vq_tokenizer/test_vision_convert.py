@@ -14,9 +14,9 @@ from timm.models.beit import Beit
 from torch import nn
 
 from foundation.checkpoint import CheckpointError
-from tasks.classification.data import MEAN, STD
+from tasks.vision_common.tokenizer import load_tokenizer
+from tasks.vision_common.transforms import MEAN, STD
 from tasks.vq_tokenizer.convert import convert, from_beit2
-from tasks.vq_tokenizer.tokenizer import load_tokenizer
 
 IMG, PATCH, DIM, CODES, CODE_DIM, DEC_DIM = 32, 8, 64, 48, 8, 32
 
@@ -70,7 +70,7 @@ def test_converted_tokenizer_computes_what_beit2_computes(released, tmp_path):
     with torch.no_grad():
         # BEiT v2: [-1, 1] input, patch tokens after fc_norm, task layer, l2-normalise, nearest code
         theirs = encoder.fc_norm(encoder.forward_features(images01 * 2 - 1)[:, 1:])
-        ours = tok.backbone(tok.head.embed(tok.head._input(ours_in)))[:, 1:]
+        ours = tok.backbone(tok.head.embed(tok.head._input(ours_in))[0])[:, 1:]
         torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)
         z = F.normalize(enc_task(theirs), dim=-1)
         d = z.pow(2).sum(-1, keepdim=True) + codebook.pow(2).sum(-1) - 2 * z @ codebook.t()

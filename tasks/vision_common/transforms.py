@@ -1,0 +1,86 @@
+"""timm's ImageNet transforms for the image-folder tasks, and the statistics they normalise with.
+
+Training: RandomResizedCrop + flip + RandAugment + normalise + random erasing (fine-tuning,
+``build_transform``) or BEiT's pretraining augmentation (``pretrain_transform``);
+evaluation: resize + centre crop + normalise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence
+
+import torch
+from PIL import Image, ImageOps
+from timm.data import auto_augment
+from timm.data import create_transform
+from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+MEAN, STD = IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+
+@dataclass
+class TransformConfig:
+    """timm ``create_transform`` settings (their names where they have one)."""
+
+    img_size: int = 224
+    auto_augment: Optional[str] = "rand-m9-mstd0.5-inc1"  # RandAugment 9/0.5 (BEiT, DeiT); null = off
+    color_jitter: float = 0.4  # only when auto_augment is off (timm's rule)
+    re_prob: float = 0.25  # random erasing
+    re_mode: str = "pixel"
+    re_count: int = 1
+    scale: List[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
+    hflip: float = 0.5
+    interpolation: str = "bicubic"
+    crop_pct: float = 0.875  # eval: resize to img_size / crop_pct, then centre-crop
+
+
+def _posterize(img: Image.Image, bits_to_keep: int, **_) -> Image.Image:
+    """timm's posterize, for Pillow >= 12, which refuses to keep 0 bits: keeping 0 bits is
+    a black image, as older Pillow gave (RandAugment's ``PosterizeIncreasing`` at high
+    magnitude asks for 0 bits)."""
+    if bits_to_keep >= 8:
+        return img
+    if bits_to_keep <= 0:
+        return Image.new(img.mode, img.size)
+    return ImageOps.posterize(img, bits_to_keep)
+
+
+def _fix_posterize(transform: Callable) -> Callable:
+    for t in getattr(transform, "transforms", [transform]):
+        for op in getattr(t, "ops", ()):
+            if getattr(op, "aug_fn", None) is auto_augment.posterize:
+                op.aug_fn = _posterize
+    return transform
+
+
+def build_transform(cfg: TransformConfig, train: bool) -> Callable:
+    """timm's ImageNet transform: RandomResizedCrop + flip + RandAugment + normalise + random
+    erasing for training; resize + centre crop + normalise for evaluation."""
+    if train:
+        return _fix_posterize(create_transform(
+            cfg.img_size, is_training=True, auto_augment=cfg.auto_augment, color_jitter=cfg.color_jitter,
+            re_prob=cfg.re_prob, re_mode=cfg.re_mode, re_count=cfg.re_count, scale=tuple(cfg.scale),
+            hflip=cfg.hflip, interpolation=cfg.interpolation, mean=MEAN, std=STD))
+    return create_transform(cfg.img_size, is_training=False, interpolation=cfg.interpolation,
+                            crop_pct=cfg.crop_pct, mean=MEAN, std=STD)
+
+
+def pretrain_transform(img_size: int, scale: Sequence[float] = (0.08, 1.0), color_jitter: float = 0.4,
+                       hflip: float = 0.5, interpolation: str = "bicubic") -> Callable:
+    """BEiT's pretraining augmentation (Magneto Table 13): random resized crop, colour
+    jitter 0.4, horizontal flip; no RandAugment, no erasing."""
+    return create_transform(img_size, is_training=True, auto_augment=None, color_jitter=color_jitter,
+                            re_prob=0.0, scale=tuple(scale), hflip=hflip, interpolation=interpolation,
+                            mean=MEAN, std=STD)
+
+
+def uncropped_eval_transform(img_size: int, interpolation: str = "bicubic") -> Callable:
+    """The evaluation transform of the pretraining tasks and probes: resize, no crop margin."""
+    return build_transform(TransformConfig(img_size=img_size, interpolation=interpolation, crop_pct=1.0), train=False)
+
+
+def unnormalize(images: torch.Tensor) -> torch.Tensor:
+    """ImageNet-normalised images -> [0, 1]."""
+    mean = torch.tensor(MEAN, device=images.device, dtype=images.dtype)[:, None, None]
+    std = torch.tensor(STD, device=images.device, dtype=images.dtype)[:, None, None]
+    return images * std + mean
