@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from foundation import bench
+from studies import bench
 from foundation.torchscale_compat import import_torchscale
 
 TINY = ["--dim", "16", "--depth", "2", "--heads", "2", "--tokens", "5", "--batch", "2",
