@@ -49,11 +49,18 @@ INIT_LABELS = {"scratch": "scratch", "single": "own modality only", "crossmodal"
 ARCH_FIELDS = ("dim", "depth", "heads", "ffn_dim", "rel_pos")
 
 
+# the modalities' fine-tuning tasks, longest first (so that two jobs finish together): the
+# order of the jobs and of the table's rows
+FINETUNE_ORDER = ("speech", "vl", "vision")
+
+
 def finetunes() -> list[Recipe]:
-    """The tasks whose recipe (tasks/<task>/recipe.py) names a pretraining modality, in table order."""
+    """The tasks whose recipe (tasks/<task>/recipe.py) names a pretraining modality: by
+    modality (``FINETUNE_ORDER``), then in the recipes' table order."""
     from studies.recipes import recipes
 
-    return [r for r in recipes() if r.modality]
+    return sorted((r for r in recipes() if r.modality),
+                  key=lambda r: FINETUNE_ORDER.index(r.modality) if r.modality in FINETUNE_ORDER else len(FINETUNE_ORDER))
 
 
 def pretrain_overrides(keep: Sequence[str], all_ids: Sequence[str]) -> list[str]:
@@ -241,10 +248,9 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
         return finetune_overrides(init, arch, run and weights(out, run, norm, lrs[pre_config], seed))
 
     tell(f"[2/3] fine-tuning: {len(finetunes)} tasks x {len(INITS)} inits x {len(seeds)} seeds, {jobs} at a time")
-    longest_first = sorted(finetunes, key=lambda ft: -ft.minutes)  # so that the jobs finish together
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # seed-major: the first seed's table is complete first
         list(pool.map(go, [(f"{ft.task}-{init}", recipe[ft.task], seed, overrides(ft, init, seed))
-                           for seed in seeds for ft in longest_first for init in INITS]))
+                           for seed in seeds for ft in finetunes for init in INITS]))
 
     tell("[3/3] report")
     for r in needed:  # same overrides for every seed: compare itself reports (it trains nothing now)
