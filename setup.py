@@ -16,7 +16,7 @@ from setuptools import find_packages, setup
 SITE = os.path.relpath(sysconfig.get_path("purelib"), sysconfig.get_config_var("base"))
 
 setup(
-    packages=find_packages(include=["foundation*", "tasks*"]) + ["foundation_configs"],
+    packages=find_packages(include=["foundation*", "tasks*", "studies*"]) + ["foundation_configs"],
     package_dir={"foundation_configs": "configs"},
     package_data={"foundation_configs": ["**/*.yaml", "**/*.py", "**/*.md"]},
     data_files=[(SITE, ["tasks/segmentation/foundation_mmseg.pth"])],

@@ -16,7 +16,6 @@ held-out split, so a recipe or pipeline that falls behind a plain ViT shows at o
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -99,17 +98,17 @@ def train_ours(a: argparse.Namespace) -> dict:
 
 def read_run(run_dir: str | Path) -> dict:
     """Final top-1 and the eval curve of a classification run directory."""
+    from studies.runs import eval_series, last_eval, read_records
+
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise SystemExit(f"reference_vision: {path}: no such file (expected a foundation train run directory)")
-    curve = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        value = next((v for k, v in rec.items() if k.startswith("eval/") and k.endswith("/top1")), None)
-        if value is not None:
-            curve.append((rec["step"], value))
-    if not curve:
+    try:
+        records = read_records(run_dir, required=True)
+    except FileNotFoundError:
+        raise SystemExit(f"reference_vision: {path}: no such file (expected a foundation train run directory)") from None
+    key = next((k for k in last_eval(records)[1] if k.endswith("/top1")), None)
+    if key is None:
         raise SystemExit(f"reference_vision: {path} holds no eval/.../top1")
+    curve = list(zip(*eval_series(records, key)))
     return {"top1": curve[-1][1], "curve": curve, "run_dir": str(run_dir)}
 
 

@@ -1,6 +1,7 @@
 """The ``foundation`` command. Each subcommand lives in its own module with its own
 argparse ``main(argv)``; this file only dispatches, importing lazily so that
-``foundation --help`` stays fast."""
+``foundation --help`` stays fast. The research tools are in the ``studies`` package, named
+here by string only: foundation never imports studies."""
 from __future__ import annotations
 
 import importlib
@@ -8,20 +9,24 @@ import sys
 
 # (words, module, description)
 COMMANDS = [
-    (("demo",), "foundation.demo:main",
+    (("demo",), "studies.demo:main",
      "make the demo data and compare Pre-LN with Magneto on every modality, ~12 min on 2 CPU cores"),
     (("train",), "foundation.engine.cli:train_main", "train from a YAML config: foundation train CONFIG [key=value ...]"),
     (("eval",), "foundation.engine.cli:eval_main", "evaluate a checkpoint: foundation eval CONFIG checkpoint=PATH"),
-    (("plot",), "foundation.engine.cli:plot_main", "draw a run's loss/metric curves: foundation plot RUN_DIR"),
+    (("plot",), "studies.plots:main", "draw a run's loss/metric curves: foundation plot RUN_DIR"),
     (("predict",), "foundation.engine.predict:predict_main",
      "run a trained model on your files: foundation predict RUN_DIR INPUT... [--json] [--out DIR]"),
-    (("compare",), "foundation.engine.compare:main",
-     "one recipe under several norms x seeds x lrs, one report: foundation compare CONFIG | depth [--thousand]"),
+    (("compare",), "studies.compare:main",
+     "one recipe under several norms x seeds x lrs, one report: foundation compare CONFIG"),
+    (("compare", "depth"), "studies.depth:main",
+     "DeepNet's convergence with varying depth in miniature: foundation compare depth [--thousand]"),
+    (("compare", "pretraining"), "studies.pretraining:main",
+     "cross-modal against single-modality pretraining per task: foundation compare pretraining [--seeds N]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),
-    (("probe", "update"), "foundation.probe:main", "DeepNet model-update measurement per norm and depth"),
+    (("probe", "update"), "studies.probe:main", "DeepNet model-update measurement per norm and depth"),
     (("export", "timm"), "tasks.classification.export:main",
      "a classification run as a timm model file: foundation export timm RUN_DIR --out model.safetensors"),
-    (("bench", "backbone"), "foundation.bench:main", "time our backbone against timm and torchscale"),
+    (("bench", "backbone"), "studies.bench:main", "time our backbone against timm and torchscale"),
 ]
 
 
@@ -54,15 +59,16 @@ def data_make_main(argv: list[str]) -> int:
 
 def usage() -> str:
     lines = ["usage: foundation COMMAND [args]", "", "commands:"]
+    width = max(len(" ".join(words)) for words, _, _ in COMMANDS)
     for words, _, doc in COMMANDS:
-        lines.append(f"  {' '.join(words):<18} {doc}")
+        lines.append(f"  {' '.join(words):<{width}} {doc}")
     lines.append("\n`foundation COMMAND --help` describes each command.")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    for words, target, _ in COMMANDS:
+    for words, target, _ in sorted(COMMANDS, key=lambda c: -len(c[0])):  # `compare depth` before `compare`
         if tuple(argv[: len(words)]) == words:
             module, func = target.split(":")
             return getattr(importlib.import_module(module), func)(argv[len(words):]) or 0

@@ -393,7 +393,9 @@ def test_train_eval_plot_commands(tmp_path, capsys):
     best = json.loads((run_dir / "best" / "metrics.json").read_text())
     assert metrics["seq2seq/exact_match"] == pytest.approx(best["metrics"]["seq2seq/exact_match"])
 
-    assert cli.plot_main([str(run_dir)]) == 0
+    from studies.plots import main as plot_main  # `foundation plot`
+
+    assert plot_main([str(run_dir)]) == 0
     assert (run_dir / "curves.png").stat().st_size > 10_000
 
     assert cli.train_main([str(path), "--resume"]) == 0  # already done: nothing to do

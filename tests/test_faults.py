@@ -334,7 +334,7 @@ def test_a_data_error_mid_run_is_one_line_with_a_status(tmp_path, capsys):
 
 def test_compare_reports_a_failed_run_with_its_line(tmp_path, monkeypatch):
     """`foundation compare` reads status.json: a run that failed is "failed" with the engine's line."""
-    from foundation.engine import compare
+    from studies import verdict
 
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -342,7 +342,7 @@ def test_compare_reports_a_failed_run_with_its_line(tmp_path, monkeypatch):
     monkeypatch.setattr(run_state.torch, "save", no_space)
     with pytest.raises(DiskFull):
         run(tiny_config(tmp_path, train={"steps": 2}))
-    outcome = compare.judge(compare.RunSpec("run", "magneto", 0, 3e-3), tmp_path / "run")
+    outcome = verdict.judge(verdict.RunSpec("run", "magneto", 0, 3e-3), tmp_path / "run")
     assert outcome.verdict == "failed" and outcome.reason.startswith("engine: disk full: could not write ")
 
 

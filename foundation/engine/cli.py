@@ -1,4 +1,4 @@
-"""``foundation train | eval | plot``: argument parsing around loop.train / loop.evaluate / plot."""
+"""``foundation train | eval``: argument parsing around loop.train / loop.evaluate."""
 from __future__ import annotations
 
 import argparse
@@ -138,18 +138,3 @@ def eval_main(argv: list[str]) -> int:
                 print(f"  {k:<28} {v:.4f}")
     return 0
 
-
-def plot_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="foundation plot", description="Draw a run's curves to RUN_DIR/curves.png.")
-    p.add_argument("run_dir")
-    p.add_argument("--out", help="PNG path (default RUN_DIR/curves.png)")
-    args = p.parse_args(argv)
-    from foundation.engine.plot import plot_run
-
-    try:
-        out = plot_run(args.run_dir, args.out)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"foundation plot: error: {e}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0

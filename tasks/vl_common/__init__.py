@@ -6,7 +6,6 @@
 ``images``     image loading with errors naming the file, open_clip transforms, per-item seeds
 ``task``       ``VLConfig`` (the front-end fields every VL task has) and ``VLTask``, their base,
                which shares one BEiT-3 embedding between all VL task heads of a model
-``table``      the README's table on the demo data (``python -m tasks.vl_common.table``)
 
 Used by ``tasks.vqa``, ``tasks.nlvr2`` and ``tasks.vl_pretrain``.
 """

@@ -103,19 +103,3 @@ def test_mim_config_errors_name_the_field(tmp_path, mim_task, vision_config):
         MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
     with pytest.raises(ConfigError, match="masking: num_masking_patches must be in"):
         resolve(OmegaConf.create(vision_config(tmp_path, "mim", {**mim_task, "num_masking_patches": 17})))
-
-
-def test_compare_reads_final_evaluations(tmp_path):
-    from tasks.mim.compare import final_eval, table
-
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"step": 100, "eval/classification/top1": 0.5}, {"step": 150, "loss": 1.0},
-        {"step": 200, "eval/classification/top1": 0.4}]) + "\n")
-    assert final_eval(run_dir, "classification/top1") is None  # not finished: no checkpoint pointer
-    (run_dir / "last").write_text("ckpt/step_000200\n")
-    assert final_eval(run_dir, "classification/top1") == 0.4  # the final evaluation, not the best
-    results = {(n, i): [0.5, 0.25] for n in ("magneto", "preln") for i in ("scratch", "MIM")}
-    text = table(results, [0, 1], "x")
-    assert "| Magneto | MIM | 37.5 | 50.0 / 25.0 |" in text and "| Pre-LN (ViT) | scratch |" in text

@@ -2,7 +2,7 @@
 same budget, several seeds, and print the table (the README's vision table).
 
     foundation data make vision --out data/vision-demo
-    python -m tasks.mim.compare --seeds 0 1 --jobs 2
+    python -m studies.mim --seeds 0 1 --jobs 2
 
 Runs the chain with ``foundation train`` (as a user would): the tokenizer
 (``configs/vision/tiny_tokenizer.yaml``), one MIM pretraining per norm
@@ -15,14 +15,12 @@ best of several), on the val split.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from studies.runs import last_eval, launch, read_records
 
 NORMS = ("magneto", "preln")
 CONFIGS = Path("configs/vision")
@@ -34,11 +32,9 @@ def run_dir(out: Path, name: str) -> Path:
 
 def final_eval(path: Path, key: str) -> float | None:
     """The last evaluation's ``key`` in a run's metrics.jsonl, if the run finished."""
-    log = path / "metrics.jsonl"
-    if not log.is_file() or not (path / "last").is_file():
+    if not (path / "last").is_file():
         return None
-    values = [r[f"eval/{key}"] for r in map(json.loads, log.read_text().splitlines()) if f"eval/{key}" in r]
-    return values[-1] if values else None
+    return last_eval(read_records(path))[1].get(key)
 
 
 def train(config: Path, name: str, out: Path, overrides: list[str], key: str, threads: int) -> float:
@@ -48,15 +44,11 @@ def train(config: Path, name: str, out: Path, overrides: list[str], key: str, th
     if value is not None:
         print(f"[{name}] done before: {key} {value:.4f}", flush=True)
         return value
-    cmd = [sys.executable, "-m", "foundation.cli", "train", str(config), f"run_name={name}", f"output_dir={out}",
-           "log.progress=false", "overwrite=true", *overrides]
+    args = [str(config), f"run_name={name}", f"output_dir={out}", "log.progress=false", "overwrite=true", *overrides]
     start = time.perf_counter()
-    print(f"[{name}] {' '.join(cmd[2:])}", flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    print(f"[{name}] foundation.cli train {' '.join(args)}", flush=True)
     log = out / f"{name}.log"
-    out.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
-        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    code = launch(args[0], args[1:], log, env={"OMP_NUM_THREADS": str(threads)})
     if code != 0:
         raise RuntimeError(f"[{name}] failed (exit {code}); see {log}")
     value = final_eval(path, key)
@@ -76,7 +68,7 @@ def table(results: dict[tuple[str, str], list[float]], seeds: list[int], steps: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.mim.compare", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m studies.mim", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--jobs", type=int, default=2, help="runs at a time (each with one thread)")
     p.add_argument("--out", type=Path, default=Path("checkpoints"), help="output_dir of every run")

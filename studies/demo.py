@@ -24,56 +24,27 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
+from foundation.engine.recipe import Recipe
+
 NORMS = ("preln", "magneto")
-
-
-@dataclass(frozen=True)
-class Stage:
-    """One short comparison: a tiny config, the demo data it reads, its steps and metric."""
-
-    name: str
-    label: str
-    config: str
-    data: str  # the `foundation data make` data set it needs
-    steps: int
-    metric: str  # eval metric (without "eval/<task>/") shown in the summary
-    scale: float  # shown as metric x scale: 100 for fractions, 1 for values already in % or losses
-    overrides: tuple[str, ...] = ()
-    minutes: float = 1.0  # one run on one idle core, measured; longest stages start first
-    baseline: str = ""  # what the metric is without learning, shown beside it
-    # a task module with ``answer_prior(data_dir) -> fraction``: the baseline computed from the data
-    prior: str = ""
-
-
-# Steps chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two runs
-# at a time: 2 x (5.5 + 3 + 2 + 0.75 + 0.75) run-minutes on idle cores (`minutes`), ~12 min.
-STAGES = (
-    Stage("vision", "image classification (top-1 %)", "configs/vision/tiny_finetune_magneto.yaml", "vision", 1100,
-          "top1", 100, ("init_from=null",), minutes=3, baseline="chance 10.0"),
-    Stage("segmentation", "segmentation (mIoU %)", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400,
-          "mIoU", 1, minutes=2, baseline="one class everywhere <= 12.5"),
-    Stage("asr", "speech recognition (test WER %, held-out voices, lower is better)", "configs/asr/tiny_magneto.yaml",
-          "speech", 1200, "wer_test", 1, minutes=5.5, baseline="nothing recognised 100"),
-    Stage("vqa", "VQA (accuracy %)", "configs/vl/tiny_vqa_magneto.yaml", "vl", 250, "vqa_accuracy", 100,
-          minutes=0.75, prior="tasks.vqa.prior"),
-    Stage("nlvr2", "NLVR2 (accuracy %)", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 200, "accuracy", 100,
-          minutes=0.75, baseline="chance 50.0"),
-)
 DATA_DIRS = {"vision": "vision-demo", "segmentation": "ade-demo", "speech": "speech-demo", "vl": "vl"}
 
 
-def data_overrides(stage: Stage, data: Path) -> list[str]:
+def stages() -> list[Recipe]:
+    """The demo's stages: every task recipe (tasks/<task>/recipe.py) with demo data, in table order.
+
+    Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
+    runs at a time: 2 x (5.5 + 3 + 2 + 0.75 + 0.75) run-minutes on idle cores (``minutes``), ~12 min."""
+    from studies.recipes import recipes
+
+    return [r for r in recipes() if r.data]
+
+
+def data_overrides(stage: Recipe, data: Path) -> list[str]:
     """Point the config's data fields at ``data`` (the configs read ``data/<set>``)."""
-    root = data / DATA_DIRS[stage.data]
-    return {
-        "vision": [f"tasks.classification.data_dir={root}"],
-        "segmentation": [f"tasks.segmentation.data_root={root}"],
-        "speech": [f"tasks.asr.data_dir={root}"],
-        "vl": [f"tasks.{stage.name}.data_dir={root / stage.name}"],
-    }[stage.data]
+    return [stage.data_override.format(root=data / DATA_DIRS[stage.data])]
 
 
 def make_data(names: list[str], data: Path, say) -> None:
@@ -94,7 +65,7 @@ def make_data(names: list[str], data: Path, say) -> None:
         say(f"  {name}: {out} ({time.perf_counter() - start:.0f} s)")
 
 
-def baseline(stage: Stage, data: Path) -> str:
+def baseline(stage: Recipe, data: Path) -> str:
     """The stage's no-learning reference: its fixed text, or its prior computed from the data
     (VQA: the most frequent training answer per question type, on the evaluation split)."""
     if not stage.prior:
@@ -109,11 +80,11 @@ def baseline(stage: Stage, data: Path) -> str:
     return f"answer prior {100 * value:.1f}"
 
 
-def summary_table(results: dict[str, dict]) -> str:
+def summary_table(results: dict[str, dict], order: list[Recipe]) -> str:
     lines = ["| task | Pre-LN | Magneto | without learning | steps | training time (both runs) |",
              "|---|---|---|---|---|---|"]
-    for stage in STAGES:
-        r = results.get(stage.name)
+    for stage in order:
+        r = results.get(stage.stage_name)
         if r is None:
             continue
         cells = [r["values"].get(n, "-") for n in NORMS]
@@ -122,7 +93,7 @@ def summary_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def read_result(stage: Stage, out: Path, steps: int, seconds: float) -> dict:
+def read_result(stage: Recipe, out: Path, steps: int, seconds: float) -> dict:
     """The stage's metric per norm from its compare report (results.json)."""
     path = out / "results.json"
     values: dict[str, str] = {}
@@ -144,22 +115,24 @@ def read_result(stage: Stage, out: Path, steps: int, seconds: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    every = stages()
+    names = [s.stage_name for s in every]
     p = argparse.ArgumentParser(prog="foundation demo", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="stages: " + ", ".join(s.name for s in STAGES))
+                                epilog="stages: " + ", ".join(names))
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="reports and runs (default runs/demo)")
     p.add_argument("--data", type=Path, default=Path("data"), help="demo data sets, made when missing (default data)")
     p.add_argument("--only", default=None, help="comma-separated stages (default all)")
     p.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's training steps")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
     a = p.parse_args(argv)
-    stages = list(STAGES)
+    chosen = every
     if a.only:
         wanted = [s.strip() for s in a.only.split(",") if s.strip()]
-        unknown = sorted(set(wanted) - {s.name for s in STAGES})
+        unknown = sorted(set(wanted) - set(names))
         if unknown:
-            p.error(f"--only: unknown stage(s) {', '.join(unknown)}; known: {', '.join(s.name for s in STAGES)}")
-        stages = [s for s in STAGES if s.name in wanted]
+            p.error(f"--only: unknown stage(s) {', '.join(unknown)}; known: {', '.join(names)}")
+        chosen = [s for s in every if s.stage_name in wanted]
     if a.steps_scale <= 0 or a.jobs < 1:
         p.error("--steps-scale must be > 0 and --jobs >= 1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread per run is fastest
@@ -171,35 +144,35 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     say(f"[1/3] demo data under {a.data}/")
-    make_data(sorted({s.data for s in stages}), a.data, say)
+    make_data(sorted({s.data for s in chosen}), a.data, say)
 
-    say(f"[2/3] Pre-LN vs Magneto, {len(stages)} tasks x {len(NORMS)} runs, {a.jobs} at a time -> {a.out}/")
-    from foundation.engine.compare import compare
+    say(f"[2/3] Pre-LN vs Magneto, {len(chosen)} tasks x {len(NORMS)} runs, {a.jobs} at a time -> {a.out}/")
+    from studies.compare import compare
 
     results: dict[str, dict] = {}
 
-    def run_stage(stage: Stage) -> None:
+    def run_stage(stage: Recipe) -> None:
+        name, config = stage.stage_name, stage.config.format(norm="magneto")  # compare sets the norm per run
         steps = max(1, round(stage.steps * a.steps_scale))
-        out = a.out / stage.name
+        out = a.out / name
         overrides = [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps}",
                      "eval.every=0", "save.every=0", "save.keep=1"]
         t0 = time.perf_counter()
-        say(f"  {stage.name}: {steps} steps per run ...")
-        rc = compare(Path(stage.config), out, NORMS, [0], [_config_lr(stage.config, overrides)], overrides,
-                     command=f"foundation demo (stage {stage.name})",
-                     say=lambda text: say(f"  {stage.name}: {text}"))
+        say(f"  {name}: {steps} steps per run ...")
+        rc = compare(Path(config), out, NORMS, [0], [_config_lr(config, overrides)], overrides,
+                     command=f"foundation demo (stage {name})", say=lambda text: say(f"  {name}: {text}"))
         seconds = time.perf_counter() - t0
         if rc:
-            say(f"  {stage.name}: failed (exit {rc}); see {out}/runs/")
-        results[stage.name] = {**read_result(stage, out, steps, seconds), "baseline": baseline(stage, a.data)}
-        say(f"  {stage.name}: done in {seconds:.0f} s -> {out}/report.md")
+            say(f"  {name}: failed (exit {rc}); see {out}/runs/")
+        results[name] = {**read_result(stage, out, steps, seconds), "baseline": baseline(stage, a.data)}
+        say(f"  {name}: done in {seconds:.0f} s -> {out}/report.md")
 
     # stages run side by side, longest first; the runs of one stage one after the other
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        list(pool.map(run_stage, sorted(stages, key=lambda s: -s.minutes)))
+        list(pool.map(run_stage, sorted(chosen, key=lambda s: -s.minutes)))
 
     say(f"[3/3] summary ({time.perf_counter() - start:.0f} s in all)")
-    table = summary_table(results)
+    table = summary_table(results, every)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "summary.md").write_text(table + "\n")
     say(table)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from foundation import demo
+from studies import demo
 
 
 def test_demo_one_stage_from_nothing(tmp_path, capsys):
@@ -20,7 +20,7 @@ def test_demo_one_stage_from_nothing(tmp_path, capsys):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert all(re.fullmatch(r"\d+\.\d", c) for c in cells[1:3]), rows  # a top-1 for Pre-LN and for Magneto
     assert cells[3] == "chance 10.0"  # what a model that learnt nothing scores, beside the numbers
-    assert cells[4] == str(round(demo.STAGES[0].steps * 0.02))  # the vision stage's steps x 0.02
+    assert cells[4] == str(round(demo.stages()[0].steps * 0.02))  # the vision stage's steps x 0.02
     # the same command again reuses the data and the finished runs
     rc = demo.main(["--only", "vision", "--steps-scale", "0.02", "--data", str(data), "--out", str(out), "--jobs", "1"])
     assert rc == 0 and "exists, reused" in capsys.readouterr().out
@@ -50,6 +50,27 @@ def test_demo_shows_the_vqa_answer_prior_from_the_data(tmp_path):
     # seen type -> "red" (right); unseen type -> its answer type's most frequent training answer ("yes": wrong)
     write("val2014", [("what color is", "other", "red", ["red"] * 10),
                       ("held-out: does the picture", "yes/no", "no", ["no"] * 10)])
-    stage = next(s for s in demo.STAGES if s.name == "vqa")
+    stage = next(s for s in demo.stages() if s.stage_name == "vqa")
     assert demo.baseline(stage, tmp_path) == "answer prior 50.0"
     assert demo.baseline(stage, tmp_path / "missing").startswith("answer prior: ")
+
+
+def test_stages_are_the_tasks_recipes_in_the_demo_order():
+    """The demo's stages come from tasks/<task>/recipe.py: the same order, configs, data, steps,
+    metrics and timings as the table they replace."""
+    from pathlib import Path
+
+    got = [(s.stage_name, s.config.format(norm="magneto"), s.data, s.steps, s.metric, s.scale, s.overrides,
+            s.minutes) for s in demo.stages()]
+    assert got == [
+        ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 1100, "top1", 100, ("init_from=null",), 3),
+        ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
+        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1200, "wer_test", 1, (), 5.5),
+        ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 250, "vqa_accuracy", 100, (), 0.75),
+        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 200, "accuracy", 100, (), 0.75),
+    ]
+    assert [demo.data_overrides(s, Path("data"))[0] for s in demo.stages()] == [
+        "tasks.classification.data_dir=data/vision-demo", "tasks.segmentation.data_root=data/ade-demo",
+        "tasks.asr.data_dir=data/speech-demo", "tasks.vqa.data_dir=data/vl/vqa", "tasks.nlvr2.data_dir=data/vl/nlvr2"]
+    assert [s.baseline or s.prior for s in demo.stages()] == [
+        "chance 10.0", "one class everywhere <= 12.5", "nothing recognised 100", "tasks.vqa.prior", "chance 50.0"]

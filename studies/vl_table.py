@@ -5,9 +5,9 @@ that pretrained model with the same fine-tuning budget; the last evaluation of e
 question / statement template was seen in training and the held-out ones.
 
     foundation data make vl --out data/vl
-    python -m tasks.vl_common.table --seeds 0 1                  # writes checkpoints/vl-table/{results.json,table.md}
-    python -m tasks.vl_common.table --seeds 0 --dry-run          # the commands only
-    python -m tasks.vl_common.table --seeds 0 1 --report         # tabulate what has finished
+    python -m studies.vl_table --seeds 0 1                  # writes checkpoints/vl-table/{results.json,table.md}
+    python -m studies.vl_table --seeds 0 --dry-run          # the commands only
+    python -m studies.vl_table --seeds 0 1 --report         # tabulate what has finished
 
 Runs are `foundation train configs/vl/tiny_*.yaml` with run_name / seed / output_dir set;
 a run that already finished is read, not repeated, so an interrupted table resumes.
@@ -17,12 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from studies import runs as run_dirs
 
 NORMS = ("magneto", "preln")
 METRICS = {"vqa": "vqa/vqa_accuracy", "nlvr2": "nlvr2/accuracy"}
@@ -43,13 +44,8 @@ def runs(norm: str, seed: int, out: str, extra: list[str]) -> list[tuple[str, li
 
 
 def last_eval(run_dir: Path) -> tuple[int, dict[str, float]] | None:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return None
-    evals = [r for r in map(json.loads, path.read_text().splitlines()) if any(k.startswith("eval/") for k in r)]
-    if not evals:
-        return None
-    return evals[-1]["step"], {k[5:]: v for k, v in evals[-1].items() if k.startswith("eval/")}
+    step, metrics = run_dirs.last_eval(run_dirs.read_records(run_dir))
+    return None if step is None else (step, metrics)
 
 
 def finished(run_dir: Path) -> bool:
@@ -131,7 +127,7 @@ def markdown(results: dict[str, dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tasks.vl_common.table", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m studies.vl_table", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="applied to every run")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -146,7 +142,6 @@ def main(argv: list[str] | None = None) -> int:
     for seed in a.seeds:
         for norm in a.norms:
             for name, args in runs(norm, seed, a.out, a.overrides):
-                cmd = [sys.executable, "-m", "foundation.cli", "train", *args]
                 if a.dry_run:
                     print("foundation train " + " ".join(args))
                     continue
@@ -157,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     start = time.perf_counter()
                     print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
                     log = out / f"{name}.log"
-                    out.mkdir(parents=True, exist_ok=True)
-                    with open(log, "w") as f:
-                        rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT)
+                    rc = run_dirs.launch(args[0], args[1:], log)
                     if rc != 0:
                         print(f"{name} failed (exit {rc}); see {log}", file=sys.stderr)
                         return rc

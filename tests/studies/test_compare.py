@@ -1,5 +1,6 @@
 """``foundation compare``: the norm x seed x lr runner, its divergence verdicts, resumption,
-the depth mode and the command line, on a toy seq2seq config (CPU, seconds)."""
+the depth mode (``foundation compare depth``) and the command line, on a toy seq2seq config
+(CPU, seconds)."""
 from __future__ import annotations
 
 import json
@@ -8,34 +9,15 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from foundation.engine import compare, loop
+from foundation.engine import loop
+from studies import compare, depth
+from studies.verdict import Rules, RunSpec, judge
 from tasks.seq2seq.model import Seq2SeqHead
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def toy(steps: int = 6, **train) -> dict:
-    return {
-        "run_name": "toy",
-        "seed": 0,
-        "backbone": {"arch": "encoder_decoder", "norm": "magneto", "dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32},
-        "tasks": [{"name": "seq2seq", "vocab_size": 6, "min_len": 2, "max_len": 4, "train_size": 64, "eval_size": 16}],
-        "optim": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 1},
-        "train": {"steps": steps, "batch_size": 8, **train},
-        "eval": {"every": 3, "batch_size": 16},
-        "save": {"every": 0, "keep": 1},
-        "log": {"progress": False, "tensorboard": False},
-    }
-
-
-def write_config(tmp_path: Path, cfg: dict) -> Path:
-    path = tmp_path / "toy.yaml"
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
-    return path
 
 
 def nan_for(monkeypatch, norm: str, from_call: int):
@@ -61,14 +43,14 @@ def results(out: Path) -> dict:
 # ---------------------------------------------------------------------------- the grid
 
 
-def test_report_structure_and_divergence(tmp_path, monkeypatch):
+def test_report_structure_and_divergence(tmp_path, monkeypatch, toy, write_config):
     """2 norms x 2 lrs, 1 seed; Pre-LN's loss turns NaN from its 5th step on, 3 allowed in a
     row: both its runs diverge at step 7 (the engine's stop), Magneto's still run and converge."""
     nan_for(monkeypatch, "preln", 5)
-    config = write_config(tmp_path, toy(steps=12, max_nonfinite=3))
+    config = write_config(toy(steps=12, max_nonfinite=3))
     out = tmp_path / "cmp"
     code = compare.compare(config, out, ["preln", "magneto"], [0], [1e-3, 3e-3], in_process=True,
-                           command="foundation compare toy.yaml", rules=compare.Rules(converge_ratio=1.0))
+                           command="foundation compare toy.yaml", rules=Rules(converge_ratio=1.0))
     assert code == 0
     res = results(out)
     runs = {r["name"]: r for r in res["runs"]}
@@ -101,10 +83,10 @@ def test_report_structure_and_divergence(tmp_path, monkeypatch):
         assert (out / "runs" / name / "metrics.jsonl").is_file()
 
 
-def test_seeds_mean_std_and_resume(tmp_path, monkeypatch):
+def test_seeds_mean_std_and_resume(tmp_path, monkeypatch, toy, write_config):
     """2 seeds: mean ± std with per-seed values. Re-invoking trains nothing; a run whose
     status.json is gone (interrupted) is the only one trained again, and resumes."""
-    config = write_config(tmp_path, toy(steps=4))
+    config = write_config(toy(steps=4))
     out = tmp_path / "cmp"
     assert compare.compare(config, out, ["magneto"], [0, 1], [3e-3], in_process=True) == 0
     res = results(out)
@@ -128,15 +110,15 @@ def test_seeds_mean_std_and_resume(tmp_path, monkeypatch):
     assert results(out)["runs"][1]["engine_status"] == "finished" and (out / "runs" / "magneto_lr0.003_seed1" / "status.json").is_file()
 
     # a changed recipe in the same report directory is refused, not mixed in
-    code = compare.compare(write_config(tmp_path, toy(steps=5)), out, ["magneto"], [0, 1], [3e-3], in_process=True)
+    code = compare.compare(write_config(toy(steps=5)), out, ["magneto"], [0, 1], [3e-3], in_process=True)
     assert code == 2
 
 
-def test_subprocess_run_and_a_real_divergence(tmp_path):
+def test_subprocess_run_and_a_real_divergence(tmp_path, toy, write_config):
     """The default launcher (each run its own `foundation train` process; one run here, as a
     process start costs seconds): lr 1e4 really diverges, with non-finite gradients, and the
     verdict takes the step of the engine's `diverged` event."""
-    config = write_config(tmp_path, toy(steps=6, max_nonfinite=2))
+    config = write_config(toy(steps=6, max_nonfinite=2))
     out = tmp_path / "cmp"
     code = compare.main([str(config), "--norms", "magneto", "--lrs", "1e4", "--out", str(out), "eval.every=0"])
     assert code == 0
@@ -175,26 +157,26 @@ def _write_run(run_dir: Path, losses: list, status: str = "finished", evals: dic
     ([2.0, 1.5, 1.0, 0.5, 0.4, 0.3, 0.2, 0.1], {"acc": "nan"}, "diverged", 8),
 ])
 def test_verdict_rules(tmp_path, losses, evals, verdict, step):
-    spec = compare.RunSpec("r", "magneto", 0, 1e-3)
+    spec = RunSpec("r", "magneto", 0, 1e-3)
     _write_run(tmp_path / "r", losses, evals=evals)
-    o = compare.judge(spec, tmp_path / "r", compare.Rules(explode_factor=2.0, converge_ratio=0.8))
+    o = judge(spec, tmp_path / "r", Rules(explode_factor=2.0, converge_ratio=0.8))
     assert o.verdict == verdict and o.diverged_step == step
     assert o.initial_loss == 2.0
 
 
 def test_spike_rule_can_be_switched_off(tmp_path):
     _write_run(tmp_path / "r", [2.0, 1.9, 3.0, 5.0, 6.0, 9.0, 9.0, 1.0])
-    o = compare.judge(compare.RunSpec("r", "magneto", 0, 1e-3), tmp_path / "r", compare.Rules(explode_factor=0))
+    o = judge(RunSpec("r", "magneto", 0, 1e-3), tmp_path / "r", Rules(explode_factor=0))
     assert o.verdict == "converged"  # the last 10% (one step, 1.0) is below 0.8 x the first loss
 
 
 # ---------------------------------------------------------------------------- depth mode
 
 
-def test_depth_mode(tmp_path):
+def test_depth_mode(tmp_path, toy):
     recipe = toy(steps=3)
     out = tmp_path / "depth"
-    code = compare.depth_compare(out, ["postln", "magneto"], [1, 2], [0], 3, 3e-3, in_process=True,
+    code = depth.depth_compare(out, ["postln", "magneto"], [1, 2], [0], 3, 3e-3, in_process=True,
                                  recipe=recipe, command="foundation compare depth --depths 1,2")
     assert code == 0
     res = results(out)
@@ -212,16 +194,16 @@ def test_depth_mode(tmp_path):
     assert (out / "config.yaml").is_file()
 
 
-def test_thousand_mode_figure(tmp_path):
+def test_thousand_mode_figure(tmp_path, toy):
     """--thousand: the same runs at one depth, and a training-curve figure instead of depth.png."""
     out = tmp_path / "thousand"
-    code = compare.depth_compare(out, ["deepnorm", "magneto"], [2], [0], 3, 3e-3, in_process=True, thousand=True,
+    code = depth.depth_compare(out, ["deepnorm", "magneto"], [2], [0], 3, 3e-3, in_process=True, thousand=True,
                                  recipe=toy(steps=3))
     assert code == 0
     assert (out / "thousand.png").read_bytes()[:8] == PNG and not (out / "depth.png").exists()
     report = (out / "report.md").read_text()
     assert report.startswith("# 4-layer training (2L-2L)") and "| deepnorm |" in report and "| magneto |" in report
-    assert compare.depth_recipe(100, 3e-3, thousand=True)["train"]["batch_size"] == compare.THOUSAND["batch_size"]
+    assert depth.depth_recipe(100, 3e-3, thousand=True)["train"]["batch_size"] == depth.THOUSAND["batch_size"]
 
 
 # ---------------------------------------------------------------------------- command line
@@ -241,9 +223,12 @@ def test_thousand_mode_figure(tmp_path):
     (["depth", "--thousand", "--depths", "6"], "leave out --depths"),
     (["{config}", "--converge-ratio", "1.5"], "--converge-ratio must be in (0, 1]"),
 ])
-def test_command_line_errors(tmp_path, capsys, argv, message):
-    config = write_config(tmp_path, toy())
-    code = compare.main([a.replace("{config}", str(config)) for a in argv])
+def test_command_line_errors(tmp_path, capsys, argv, message, toy, write_config):
+    """Through `foundation compare ...`: `compare depth` is its own registered command."""
+    from foundation import cli
+
+    config = write_config(toy())
+    code = cli.main(["compare", *(a.replace("{config}", str(config)) for a in argv)])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "runs").exists()

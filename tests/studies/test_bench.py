@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from foundation import bench
 from foundation.checkpoint import import_torchscale
+from studies import bench
 
 TINY = ["--dim", "16", "--depth", "2", "--heads", "2", "--tokens", "5", "--batch", "2",
         "--reps", "1", "--warmup", "1", "--threads", "1"]

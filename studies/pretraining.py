@@ -12,9 +12,10 @@ modality, rel_pos 1d), all with the same steps, batches, schedule and seed:
 
 "Same budget" is thus the same optimizer steps and the same in-modality data; the cross-modal
 run spends more compute per step (the other modalities' batches). Then every task's tiny
-recipe fine-tunes from scratch, from its modality's run and from the cross-modal run, with
-its backbone set to the pretraining one (width, depth, heads, relative positions) in all
-three, so only the initialisation differs. Every cell is an ordinary ``foundation compare``
+recipe (each task whose ``tasks/<task>/recipe.py`` names a modality) fine-tunes from
+scratch, from its modality's run and from the cross-modal run, with its backbone set to the
+pretraining one (width, depth, heads, relative positions) in all three, so only the
+initialisation differs. Every cell is an ordinary ``foundation compare``
 (one norm, the seeds); the same command again skips what finished and resumes the rest.
 
     OUT/pretrain-<run>/           compare reports of the pretraining runs
@@ -29,11 +30,15 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from foundation.config import ConfigError
+from foundation.engine.recipe import Recipe
+from studies.compare import Runner, check_overrides, compare, grid, parse_norms, parse_seeds
+from studies.compare import write_report as write_cell_report
+from studies.plots import pyplot
+from studies.verdict import Rules, judge
 
 PRETRAIN_CONFIG = "configs/crossmodal/tiny_{norm}.yaml"
 # modality run -> the task entries (ids in the cross-modal config) it keeps
@@ -44,25 +49,18 @@ INIT_LABELS = {"scratch": "scratch", "single": "own modality only", "crossmodal"
 ARCH_FIELDS = ("dim", "depth", "heads", "ffn_dim", "rel_pos")
 
 
-@dataclass(frozen=True)
-class FineTune:
-    """A task's tiny recipe and the modality run that is its single-modality pretraining."""
-
-    name: str
-    config: str  # with {norm}
-    modality: str  # key of PRETRAIN_RUNS
-    metric: str  # shown: eval metric name (the compare report's primary metric is used for mean ± std)
-    scale: float  # 100 for fractions
-    overrides: tuple[str, ...] = ()
+# the modalities' fine-tuning tasks, longest first (so that two jobs finish together): the
+# order of the jobs and of the table's rows
+FINETUNE_ORDER = ("speech", "vl", "vision")
 
 
-FINETUNES = (  # the longest first, so that two jobs finish together
-    FineTune("asr", "configs/asr/tiny_{norm}.yaml", "speech", "wer", 1),
-    FineTune("vqa", "configs/vl/tiny_vqa_{norm}.yaml", "vl", "vqa_accuracy", 100),
-    FineTune("nlvr2", "configs/vl/tiny_nlvr2_{norm}.yaml", "vl", "accuracy", 100),
-    FineTune("classification", "configs/vision/tiny_finetune_{norm}.yaml", "vision", "top1", 100),
-    FineTune("segmentation", "configs/segmentation/tiny_{norm}.yaml", "vision", "mIoU", 1),
-)
+def finetunes() -> list[Recipe]:
+    """The tasks whose recipe (tasks/<task>/recipe.py) names a pretraining modality: by
+    modality (``FINETUNE_ORDER``), then in the recipes' table order."""
+    from studies.recipes import recipes
+
+    return sorted((r for r in recipes() if r.modality),
+                  key=lambda r: FINETUNE_ORDER.index(r.modality) if r.modality in FINETUNE_ORDER else len(FINETUNE_ORDER))
 
 
 def pretrain_overrides(keep: Sequence[str], all_ids: Sequence[str]) -> list[str]:
@@ -70,27 +68,25 @@ def pretrain_overrides(keep: Sequence[str], all_ids: Sequence[str]) -> list[str]
 
 
 def weights(out: Path, run: str, norm: str, lr: float, seed: int) -> Path:
-    from foundation.engine.compare import grid
-
     (spec,) = grid([norm], [seed], [lr])
     return out / f"pretrain-{run}" / "runs" / spec.name / "best" / "model.safetensors"
 
 
-def finetune_overrides(ft: FineTune, init: str, arch: dict, ckpt: Optional[Path]) -> list[str]:
+def finetune_overrides(init: str, arch: dict, ckpt: Optional[Path]) -> list[str]:
     """The pretraining backbone's shape for every init; init_from (and, through the recipes'
     ``${init_from}`` front-end fields, the front end) for the pretrained ones."""
     shape = [f"backbone.{k}={arch[k]}" for k in ARCH_FIELDS]
-    return [*shape, f"init_from={ckpt if init != 'scratch' else 'null'}", *ft.overrides]
+    return [*shape, f"init_from={ckpt if init != 'scratch' else 'null'}"]
 
 
-def cell_table(cells: dict, finetunes: Sequence[FineTune]) -> str:
+def cell_table(cells: dict, finetunes: Sequence[Recipe]) -> str:
     lines = ["| task | metric | " + " | ".join(INIT_LABELS[i] for i in INITS) + " |",
              "|---|---|" + "---|" * len(INITS)]
     for ft in finetunes:
-        row = [ft.name]
+        row = [ft.task]
         metric = None
         for init in INITS:
-            c = cells.get((ft.name, init))
+            c = cells.get((ft.task, init))
             if c is None:
                 row.append("-")
                 continue
@@ -101,7 +97,7 @@ def cell_table(cells: dict, finetunes: Sequence[FineTune]) -> str:
                 continue
             seeds_txt = " / ".join("div" if v is None else f"{v * ft.scale:.1f}" for v in c["per_seed"])
             row.append(f"{c['mean'] * ft.scale:.1f} ± {c['std'] * ft.scale:.1f} ({seeds_txt})")
-        arrow = "" if metric is None else (" ↑" if cells[(ft.name, INITS[0])]["higher"] else " ↓")
+        arrow = "" if metric is None else (" ↑" if cells[(ft.task, INITS[0])]["higher"] else " ↓")
         lines.append(f"| {row[0]} | {metric or '-'}{arrow} | " + " | ".join(row[1:]) + " |")
     return "\n".join(lines)
 
@@ -116,26 +112,22 @@ def read_cell(out: Path) -> dict:
             "seeds": s["seeds"], "verdict": s["verdict"], "report": str(out / "report.md")}
 
 
-def plot(cells: dict, finetunes: Sequence[FineTune], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot(cells: dict, finetunes: Sequence[Recipe], path: Path, title: str) -> None:
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(finetunes), figsize=(2.6 * len(finetunes), 3.2), squeeze=False)
     colors = {"scratch": "tab:gray", "single": "tab:blue", "crossmodal": "tab:purple"}
     for ax, ft in zip(axes[0], finetunes):
         for x, init in enumerate(INITS):
-            c = cells.get((ft.name, init))
+            c = cells.get((ft.task, init))
             vals = [v * ft.scale for v in (c["per_seed"] if c else []) if v is not None]
             if not vals:
                 continue
             mean = sum(vals) / len(vals)
             ax.bar(x, mean, color=colors[init], alpha=0.8)
             ax.plot([x] * len(vals), vals, "k.", ms=6)
-        c0 = cells.get((ft.name, INITS[0]))
+        c0 = cells.get((ft.task, INITS[0]))
         ax.set_xticks(range(len(INITS)), ["scratch", "own\nmodality", "cross-\nmodal"], fontsize=8)
-        ax.set_title(f"{ft.name}: {c0['metric'] if c0 else ft.metric}" + ("" if not c0 else (" ↑" if c0["higher"] else " ↓")),
+        ax.set_title(f"{ft.task}: {c0['metric'] if c0 else ft.metric}" + ("" if not c0 else (" ↑" if c0["higher"] else " ↓")),
                      fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(title, fontsize=10)
@@ -160,14 +152,14 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--norm", default="magneto", help="the backbone rule of every run (default magneto)")
     p.add_argument("--seeds", default="1", help="a count from 0 or a list (default 1); seed s pretrains "
                                                 "and then fine-tunes from its own pretraining runs")
-    p.add_argument("--tasks", default=",".join(f.name for f in FINETUNES),
+    known = {r.task: r for r in finetunes()}
+    p.add_argument("--tasks", default=",".join(known),
                    help="comma-separated fine-tuning tasks (default all: %(default)s)")
     p.add_argument("--out", type=Path, default=Path("runs/compare-pretraining"),
                    help="report directory (default %(default)s)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--in-process", action="store_true", help="train in this process, one run at a time")
     a = p.parse_intermixed_args(argv)
-    from foundation.engine.compare import _check_overrides, parse_norms, parse_seeds
     from foundation.engine.config import load_config
 
     try:
@@ -177,33 +169,30 @@ def main(argv: Sequence[str]) -> int:
         norm = norms[0]
         seeds = parse_seeds(a.seeds, 0)
         wanted = [t.strip() for t in a.tasks.split(",") if t.strip()]
-        known = {f.name: f for f in FINETUNES}
         bad = [t for t in wanted if t not in known]
         if bad or not wanted:
             raise ValueError(f"--tasks: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(known)}")
         if a.jobs < 1:
             raise ValueError("--jobs must be >= 1")
-        _check_overrides(a.overrides, ("backbone.norm", "seed", "run_name", "output_dir", "resume", "overwrite"))
+        check_overrides(a.overrides, ("backbone.norm", "seed", "run_name", "output_dir", "resume", "overwrite"))
         pre_config = Path(PRETRAIN_CONFIG.format(norm=norm))
         base, specs = load_config(pre_config, a.overrides, check_data=False)
     except (ValueError, ConfigError) as e:
         print(f"foundation compare pretraining: error: {e}", file=sys.stderr)
         return 2
-    finetunes = [f for f in FINETUNES if f.name in wanted]
+    chosen = [r for r in known.values() if r.task in wanted]
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread per run is fastest (as foundation demo)
-    return run(a.out, norm, seeds, finetunes, pre_config, list(a.overrides), [s.id for s in specs],
+    return run(a.out, norm, seeds, chosen, pre_config, list(a.overrides), [s.id for s in specs],
                {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, a.jobs,
                a.in_process, command="foundation compare pretraining " + " ".join(argv))
 
 
-def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune], pre_config: Path,
+def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe], pre_config: Path,
         pre_overrides: list[str], all_ids: Sequence[str], arch: dict, jobs: int,
         in_process: bool = False, *, pretrain_runs: dict = PRETRAIN_RUNS, command: str = "",
         say: Callable[[str], None] = print) -> int:
     """Pretrain (the runs ``finetunes`` need) and fine-tune every task x init, seed by seed
     (seed s fine-tunes from the pretraining runs of seed s), then write the report."""
-    from foundation.engine.compare import Rules, Runner, compare, grid, judge
-    from foundation.engine.compare import write_report as write_cell_report
     from foundation.engine.config import load_config
 
     if in_process:  # the engine seeds the process-wide RNGs: runs in threads of one process would race
@@ -221,7 +210,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
               f"(it has {', '.join(all_ids)})", file=sys.stderr)
         return 2
     pre = {r: [*pre_overrides, *pretrain_overrides(pretrain_runs[r], all_ids)] for r in needed}
-    recipe = {ft.name: Path(ft.config.format(norm=norm)) for ft in finetunes}
+    recipe = {ft.task: Path(ft.config.format(norm=norm)) for ft in finetunes}
 
     # every recipe resolves (data, tokenizer, overrides) before anything trains, the fine-tuning
     # ones as scratch runs (their init_from files come from the pretraining); each keeps its own
@@ -229,7 +218,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
     lrs: dict[Path, float] = {}
     errors: list[str] = []
     for config, overrides in [*((pre_config, o) for o in pre.values()),
-                              *((recipe[ft.name], finetune_overrides(ft, "scratch", arch, None)) for ft in finetunes)]:
+                              *((recipe[ft.task], finetune_overrides("scratch", arch, None)) for ft in finetunes)]:
         try:
             lrs[config] = load_config(config, [*overrides, f"backbone.norm={norm}"])[0].optim.lr
         except ConfigError as e:
@@ -254,13 +243,13 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
               f"{out}/pretrain-*/runs/*/train.log)", file=sys.stderr)
         return 1
 
-    def overrides(ft: FineTune, init: str, seed: int) -> list[str]:
+    def overrides(ft: Recipe, init: str, seed: int) -> list[str]:
         run = None if init == "scratch" else ft.modality if init == "single" else "crossmodal"
-        return finetune_overrides(ft, init, arch, run and weights(out, run, norm, lrs[pre_config], seed))
+        return finetune_overrides(init, arch, run and weights(out, run, norm, lrs[pre_config], seed))
 
     tell(f"[2/3] fine-tuning: {len(finetunes)} tasks x {len(INITS)} inits x {len(seeds)} seeds, {jobs} at a time")
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # seed-major: the first seed's table is complete first
-        list(pool.map(go, [(f"{ft.name}-{init}", recipe[ft.name], seed, overrides(ft, init, seed))
+        list(pool.map(go, [(f"{ft.task}-{init}", recipe[ft.task], seed, overrides(ft, init, seed))
                            for seed in seeds for ft in finetunes for init in INITS]))
 
     tell("[3/3] report")
@@ -270,13 +259,13 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[FineTune
     cells = {}
     for ft in finetunes:  # init_from differs per seed: read the runs and write each cell's report
         for init in INITS:
-            cell_out, config = out / f"{ft.name}-{init}", recipe[ft.name]
+            cell_out, config = out / f"{ft.task}-{init}", recipe[ft.task]
             specs = grid([norm], seeds, [lrs[config]])
             primary, higher = Runner(config, cell_out, overrides(ft, init, seeds[0])).check(specs[:1])
             outcomes = [judge(spec, cell_out / "runs" / spec.name, Rules()) for spec in specs]
             write_cell_report(cell_out, config, outcomes, [norm], seeds, [lrs[config]], primary, higher, command, Rules(),
                               "Every seed fine-tunes from the pretraining runs of the same seed.")
-            cells[(ft.name, init)] = read_cell(cell_out)
+            cells[(ft.task, init)] = read_cell(cell_out)
     primaries = {t.id: t.cls.primary_metric for t in load_config(pre_config, pre_overrides, check_data=False)[1]}
     write_report(out, cells, finetunes, norm, seeds, pre_config, arch, command, {r: pretrain_runs[r] for r in needed},
                  pretrain_table(out, {r: pretrain_runs[r] for r in needed}, primaries))
@@ -333,7 +322,7 @@ def write_report(out: Path, cells: dict, finetunes, norm, seeds, pre_config, arc
         "",
         objectives,
         "",
-        "Fine-tuning (own modality only: " + "; ".join(f"{ft.name} from `{ft.modality}`" for ft in finetunes)
+        "Fine-tuning (own modality only: " + "; ".join(f"{ft.task} from `{ft.modality}`" for ft in finetunes)
         + "):",
         "",
         cell_table(cells, finetunes),

@@ -1,11 +1,11 @@
-"""The DeepNet model-update probe (foundation/probe.py)."""
+"""The DeepNet model-update probe (studies/probe.py)."""
 import csv
 import math
 
 import pytest
 import torch
 
-from foundation.probe import main, model_update, reversal_batch, trace_update
+from studies.probe import main, model_update, reversal_batch, trace_update
 
 TINY = dict(batch=8, length=8, vocab=16)
 

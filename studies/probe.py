@@ -207,11 +207,9 @@ def write_csv(results: dict[tuple[str, int], UpdateTrace], path: Path) -> None:
 
 def plot_updates(results: dict[tuple[str, int], UpdateTrace], path: Path, title: str = "") -> None:
     """One panel per norm, one curve per depth, shared log-y axis (as DeepNet Fig. 4)."""
-    import matplotlib
+    from studies.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     norms = list(dict.fromkeys(n for n, _ in results))
     depths = sorted({d for _, d in results})
     colors = {d: plt.cm.viridis(i / max(1, len(depths) - 1) * 0.9) for i, d in enumerate(depths)}

@@ -11,8 +11,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from foundation.engine import compare_pretraining as cp
 from foundation.engine.config import load_config
+from foundation.engine.recipe import Recipe
+from studies import pretraining as cp
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -20,34 +21,19 @@ PNG = b"\x89PNG\r\n\x1a\n"
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def seq2seq(**fields) -> dict:
-    return {"name": "seq2seq", "vocab_size": 6, "min_len": 2, "max_len": 4, "train_size": 64, "eval_size": 16, **fields}
+def pretraining_config(toy, seq2seq) -> dict:
+    """Two "modalities": reversal (rev) and sorting (srt)."""
+    return toy(4, [seq2seq(id="rev", problem="reverse"), seq2seq(id="srt", problem="sort")], eval_every=0)
 
 
-def recipe(tasks: list, steps: int) -> dict:
-    return {
-        "run_name": "toy", "seed": 0,
-        "backbone": {"arch": "encoder_decoder", "norm": "magneto", "dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32},
-        "tasks": tasks, "optim": {"lr": 3e-3}, "schedule": {"warmup_steps": 1},
-        "train": {"steps": steps, "batch_size": 8}, "eval": {"every": 0, "batch_size": 16},
-        "save": {"every": 0, "keep": 1}, "log": {"progress": False, "tensorboard": False},
-    }
-
-
-def write(path: Path, cfg: dict) -> Path:
-    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
-    return path
-
-
-def test_pretraining_comparison_end_to_end(tmp_path, capsys):
-    # "modalities": reversal (rev) and sorting (srt); the fine-tuning task is reversal, with a
-    # narrower recipe than the pretraining backbone: every init gets the pretraining shape
-    pre = write(tmp_path / "pre.yaml", recipe([seq2seq(id="rev", problem="reverse"),
-                                               seq2seq(id="srt", problem="sort")], steps=4))
-    ft_cfg = recipe([seq2seq(problem="reverse")], steps=3)
+def test_pretraining_comparison_end_to_end(tmp_path, capsys, toy, seq2seq, write_config):
+    # the fine-tuning task is reversal, with a narrower recipe than the pretraining backbone:
+    # every init gets the pretraining shape
+    pre = write_config(pretraining_config(toy, seq2seq), "pre.yaml")
+    ft_cfg = toy(3, [seq2seq(problem="reverse")], eval_every=0)
     ft_cfg["backbone"].update(dim=8, ffn_dim=16)
     ft_cfg["optim"]["lr"] = 1e-3  # its own lr, not the pretraining one
-    ft = cp.FineTune("rev", str(write(tmp_path / "ft.yaml", ft_cfg)), "rev", "exact_match", 100)
+    ft = Recipe("rev", str(write_config(ft_cfg, "ft.yaml")), "exact_match", 100, modality="rev")
     runs = {"rev": ("rev",), "srt": ("srt",), "crossmodal": ("rev", "srt")}
     base, specs = load_config(pre, check_data=False)
     arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
@@ -106,11 +92,10 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys):
     assert "training ..." not in capsys.readouterr().out
 
 
-def test_a_bad_recipe_stops_everything_before_training(tmp_path, capsys):
-    pre = write(tmp_path / "pre.yaml", recipe([seq2seq(id="rev", problem="reverse"),
-                                               seq2seq(id="srt", problem="sort")], steps=4))
-    ft = cp.FineTune("rev", str(write(tmp_path / "ft.yaml", recipe([seq2seq(data_dir=str(tmp_path / "none"))], 3))),
-                     "rev", "exact_match", 100)
+def test_a_bad_recipe_stops_everything_before_training(tmp_path, capsys, toy, seq2seq, write_config):
+    pre = write_config(pretraining_config(toy, seq2seq), "pre.yaml")
+    bad = toy(3, [seq2seq(data_dir=str(tmp_path / "none"))], eval_every=0)
+    ft = Recipe("rev", str(write_config(bad, "ft.yaml")), "exact_match", 100, modality="rev")
     base, specs = load_config(pre, check_data=False)
     arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
     runs = {"rev": ("rev",), "srt": ("srt",), "crossmodal": ("rev", "srt")}
@@ -123,11 +108,23 @@ def test_a_bad_recipe_stops_everything_before_training(tmp_path, capsys):
 
 
 def test_cli_errors(capsys):
-    from foundation.engine.compare import main
+    from foundation.cli import main
 
-    assert main(["pretraining", "--tasks", "asr,nosuch"]) == 2
+    assert main(["compare", "pretraining", "--tasks", "asr,nosuch"]) == 2
     assert "nosuch" in capsys.readouterr().err
-    assert main(["pretraining", "seed=3"]) == 2
+    assert main(["compare", "pretraining", "seed=3"]) == 2
     assert "--seeds" in capsys.readouterr().err
-    assert main(["pretraining", "--norm", "preln,magneto"]) == 2
+    assert main(["compare", "pretraining", "--norm", "preln,magneto"]) == 2
     assert "one rule per comparison" in capsys.readouterr().err
+
+
+def test_the_tasks_come_from_their_recipes():
+    """Every task whose tasks/<task>/recipe.py names a pretraining modality is a fine-tuning
+    task: the longest modality's first, each with its tiny config and metric scale."""
+    assert [(r.task, r.modality, r.config, r.scale) for r in cp.finetunes()] == [
+        ("asr", "speech", "configs/asr/tiny_{norm}.yaml", 1),
+        ("vqa", "vl", "configs/vl/tiny_vqa_{norm}.yaml", 100),
+        ("nlvr2", "vl", "configs/vl/tiny_nlvr2_{norm}.yaml", 100),
+        ("classification", "vision", "configs/vision/tiny_finetune_{norm}.yaml", 100),
+        ("segmentation", "vision", "configs/segmentation/tiny_{norm}.yaml", 1)]
+    assert all(r.modality in cp.PRETRAIN_RUNS for r in cp.finetunes())

@@ -1,0 +1,34 @@
+"""What a task declares about its tiny recipe for the studies (``tasks/<task>/recipe.py``).
+
+A task that wants to take part in ``foundation demo`` and ``foundation compare pretraining``
+puts ``RECIPE = Recipe(...)`` in its own ``recipe.py``, next to its configs; the studies find
+it by name (``tasks.<task>.recipe``), so no table elsewhere lists the tasks. Plain data: the
+engine itself never reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Recipe:
+    task: str  # the task package, tasks/<task>
+    config: str  # its tiny config, with {norm} for the backbone rule
+    metric: str  # eval metric shown in the studies' tables (without "eval/<task id>/")
+    scale: float  # shown as metric x scale: 100 for fractions, 1 for values already in % or losses
+    modality: str = ""  # the single-modality pretraining run it fine-tunes from (vision, vl, speech); "" = none
+    rank: int = 0  # row order in the studies' tables
+    # `foundation demo`: a short Pre-LN vs Magneto comparison on the generated demo data
+    stage: str = ""  # the demo stage's name ("" = the task's)
+    label: str = ""  # the row label of the demo's table
+    data: str = ""  # the `foundation data make` data set it reads ("" = not in the demo)
+    data_override: str = ""  # the override pointing the config at that data, {root} = its folder
+    steps: int = 0  # training steps of a demo run
+    overrides: tuple[str, ...] = ()  # demo runs: more overrides (e.g. no pretrained weights)
+    minutes: float = 1.0  # one demo run on one idle core, measured; longest runs start first
+    baseline: str = ""  # what the metric is without learning, shown beside it
+    prior: str = ""  # a module with ``answer_prior(data_dir) -> fraction``: the baseline computed from the data
+
+    @property
+    def stage_name(self) -> str:
+        return self.stage or self.task

@@ -1,0 +1,10 @@
+"""classification's tiny recipe for the studies (foundation demo, foundation compare pretraining)."""
+from foundation.engine.recipe import Recipe
+
+RECIPE = Recipe(
+    task="classification", config="configs/vision/tiny_finetune_{norm}.yaml", metric="top1", scale=100,
+    modality="vision", rank=1,
+    stage="vision", label="image classification (top-1 %)", data="vision",
+    data_override="tasks.classification.data_dir={root}", steps=1100, overrides=("init_from=null",), minutes=3,
+    baseline="chance 10.0",
+)

@@ -1,0 +1,50 @@
+"""Shared by the studies' tests: a toy seq2seq recipe that trains in seconds on the CPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+
+def toy_recipe(steps: int = 6, tasks: list | None = None, eval_every: int = 3, **train) -> dict:
+    """A 1-layer encoder-decoder on a tiny seq2seq task (``tasks``: its entries instead)."""
+    return {
+        "run_name": "toy",
+        "seed": 0,
+        "backbone": {"arch": "encoder_decoder", "norm": "magneto", "dim": 16, "depth": 1, "heads": 2, "ffn_dim": 32},
+        "tasks": tasks or [seq2seq_task()],
+        "optim": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 1},
+        "train": {"steps": steps, "batch_size": 8, **train},
+        "eval": {"every": eval_every, "batch_size": 16},
+        "save": {"every": 0, "keep": 1},
+        "log": {"progress": False, "tensorboard": False},
+    }
+
+
+def seq2seq_task(**fields) -> dict:
+    return {"name": "seq2seq", "vocab_size": 6, "min_len": 2, "max_len": 4, "train_size": 64, "eval_size": 16, **fields}
+
+
+def write_yaml(path: Path, cfg: dict) -> Path:
+    path.write_text(OmegaConf.to_yaml(OmegaConf.create(cfg)))
+    return path
+
+
+@pytest.fixture
+def toy():
+    """``toy(steps, tasks=None, eval_every=3, **train)``: the toy recipe as a dict."""
+    return toy_recipe
+
+
+@pytest.fixture
+def seq2seq():
+    """``seq2seq(**fields)``: one seq2seq task entry of the toy recipe."""
+    return seq2seq_task
+
+
+@pytest.fixture
+def write_config(tmp_path):
+    """``write_config(cfg, name="toy.yaml")``: the config as YAML in tmp_path; its path."""
+    return lambda cfg, name="toy.yaml": write_yaml(tmp_path / name, cfg)
