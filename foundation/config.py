@@ -170,9 +170,9 @@ class BackboneConfig:
     rel_pos_max_distance: int = 128
     rel_pos_grid: Optional[List[int]] = None  # (rows, cols) of patches for rel_pos="2d"
     rel_pos_prefix: int = 1  # tokens before the patch grid (class token) for rel_pos="2d"
-    # LN after the last layer of preln / magneto; postln / deepnorm layers each end in one,
-    # so their output is always normalised (final_norm=false is refused there)
-    final_norm: bool = True
+    # LN after the last layer: null = the rule's own (preln / magneto: yes; postln / deepnorm: no,
+    # each of their layers already ends in one, so final_norm=true is refused there)
+    final_norm: Optional[bool] = None
     residual_scale: Optional[float] = None  # override alpha of postln / deepnorm (FoundationLayerNorm: 0.974)
     init_gain: Optional[float] = None  # override gamma / beta (Upscale-LN: 1.0)
     init_variant: str = "paper"  # paper | torchscale (bias scaling, 1/1.15 enc-dec encoder beta)
@@ -221,12 +221,17 @@ class BackboneConfig:
         if self.shared_attention and not self.experts:
             raise bad("shared_attention", "shares self-attention among multiway experts; this backbone has no experts")
         rule = self.rule
-        if not self.final_norm and not rule.pre_norm:
-            raise bad("final_norm", f"{self.norm} ends every layer in a LayerNorm, so its output is always "
-                      "normalised; final_norm=false applies to preln / magneto only")
+        if self.final_norm and not rule.pre_norm:
+            raise bad("final_norm", f"{self.norm} ends every layer in a LayerNorm, so a final one would be ignored; "
+                      "final_norm=true applies to preln / magneto only (leave it null or false)")
         if self.residual_scale is not None and rule.pre_norm:
             raise bad("residual_scale", f"is the shortcut weight of post-norm rules (postln, deepnorm); "
                       f"{self.norm} has none")
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether the stack ends in a LayerNorm after its last layer."""
+        return self.rule.final_norm and self.final_norm is not False
 
     @property
     def rule(self) -> NormRule:

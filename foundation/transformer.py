@@ -100,7 +100,7 @@ class Backbone(nn.Module):
         n_dec = {"encoder": 0, "decoder": cfg.depth, "encoder_decoder": cfg.decoder_depth}[cfg.arch]
         rules = stack_rules(
             cfg.norm, cfg.arch, n_enc, n_dec, residual_scale=cfg.residual_scale,
-            init_gain=cfg.init_gain, variant=cfg.init_variant, final_norm=cfg.final_norm,
+            init_gain=cfg.init_gain, variant=cfg.init_variant, final_norm=cfg.final_norm is not False,
         )
         self.scales = {name: StackScales(r.alpha, r.gain) for name, r in rules.items()}
         enc, dec = rules.get("encoder"), rules.get("decoder")

@@ -72,7 +72,7 @@ def _torchscale_pairs(cfg: BackboneConfig) -> Iterator[tuple[str, list[str]]]:
             for e, ab in experts:
                 for p in ("weight", "bias"):
                     yield _join(ours, our_mod, e, our_sub, p), [_join(theirs, ts_mod, ab, ts_sub, p)]
-    if cfg.rule.final_norm and cfg.final_norm:
+    if cfg.has_final_norm:
         for e, ab in experts:
             for p in ("weight", "bias"):
                 yield _join("encoder.norm", e, p), [_join("layer_norm", ab, p)]
@@ -140,7 +140,7 @@ def torchscale_config(
         rel_pos="1d" if rel_1d else "none",
         rel_pos_buckets=args.rel_pos_buckets if rel_1d else 32,
         rel_pos_max_distance=args.max_rel_pos if rel_1d else 128,
-        final_norm=bool(args.normalize_output) if RULES[norm].pre_norm else True,
+        final_norm=bool(args.normalize_output) if RULES[norm].pre_norm else None,
         residual_scale=residual_scale,
         init_variant="torchscale",
         checkpoint_activations=bool(args.checkpoint_activations),
@@ -203,7 +203,7 @@ def torchscale_args(cfg: BackboneConfig) -> dict[str, Any]:
     return dict(
         **{theirs: getattr(cfg, ours) for ours, theirs in _FIELDS},
         encoder_normalize_before=cfg.rule.pre_norm,
-        normalize_output=cfg.final_norm,  # read by torchscale for pre-norm only, as ours
+        normalize_output=cfg.has_final_norm,  # read by torchscale for pre-norm only, as ours
         subln=cfg.rule.sub_ln,
         deepnorm=cfg.norm == "deepnorm",
         multiway=bool(cfg.experts),

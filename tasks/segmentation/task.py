@@ -97,7 +97,7 @@ class Segmentation(Task):
         for i in c.out_indices:
             if not -b.depth <= i < b.depth:
                 raise ConfigError(f"field 'out_indices': block {i} does not exist in a {b.depth}-layer backbone")
-        if b.final_norm and b.depth - 1 not in [i % b.depth for i in c.out_indices]:
+        if b.has_final_norm and b.depth - 1 not in [i % b.depth for i in c.out_indices]:
             raise ConfigError("field 'backbone.final_norm': the final LayerNorm would be unused because the last "
                               "block is not in out_indices; set backbone.final_norm: false (BEiT's setting)")
         if b.rel_pos == "2d" and (list(b.rel_pos_grid) != c.grid or b.rel_pos_prefix != int(c.class_token)):
@@ -117,7 +117,7 @@ class Segmentation(Task):
             self.backbone_cfg.dim, c.num_classes, c.img_size, c.patch_size, out_indices=c.out_indices,
             rescales=c.rescales, channels=c.channels, pool_scales=c.pool_scales, aux_channels=c.aux_channels,
             aux_index=c.aux_index, aux_weight=c.aux_weight, dropout_ratio=c.dropout_ratio,
-            class_token=c.class_token, abs_pos_embed=c.abs_pos_embed, final_norm=self.backbone_cfg.final_norm,
+            class_token=c.class_token, abs_pos_embed=c.abs_pos_embed, final_norm=self.backbone_cfg.has_final_norm,
             sync_bn=c.sync_bn, pos_init=c.pos_embed_init,
         )
         # The engine's init_from loads the backbone; the front end lives in this head.

@@ -13,8 +13,8 @@ BASE = dict(dim=16, depth=2, heads=2)
 
 
 @pytest.mark.parametrize("fields, field", [
-    (dict(norm="postln", final_norm=False), "final_norm"),
-    (dict(norm="deepnorm", final_norm=False), "final_norm"),
+    (dict(norm="postln", final_norm=True), "final_norm"),
+    (dict(norm="deepnorm", final_norm=True), "final_norm"),
     (dict(shared_attention=True), "shared_attention"),
     (dict(rel_pos_grid=[4, 4]), "rel_pos_grid"),
     (dict(rel_pos="1d", rel_pos_grid=[4, 4]), "rel_pos_grid"),
@@ -30,7 +30,12 @@ def test_ignored_combinations_are_errors_naming_the_field(fields, field):
 
 def test_meaningful_combinations_stay_valid():
     for norm in ("preln", "magneto"):
-        assert BackboneConfig(**BASE, norm=norm, final_norm=False).final_norm is False
+        assert not BackboneConfig(**BASE, norm=norm, final_norm=False).has_final_norm
+        assert BackboneConfig(**BASE, norm=norm).has_final_norm
+        assert BackboneConfig(**BASE, norm=norm, final_norm=True).has_final_norm
+    for norm in ("postln", "deepnorm"):  # what these rules do anyway: no LayerNorm after the last layer's own
+        assert not BackboneConfig(**BASE, norm=norm, final_norm=False).has_final_norm
+        assert not BackboneConfig(**BASE, norm=norm).has_final_norm
     BackboneConfig(**BASE, norm="postln", residual_scale=0.974)
     BackboneConfig(**BASE, norm="deepnorm", residual_scale=2.0)
     BackboneConfig(**BASE, experts=["vision", "text"], shared_attention=True)
@@ -63,8 +68,8 @@ def test_shipped_backbone_configs_load(path):
 @pytest.mark.parametrize("path", TRAIN_FILES, ids=lambda p: str(p.relative_to(REPO / "configs")))
 def test_shipped_training_configs_load_under_every_rule(path):
     """As shipped (data files aside: the demo data is not made here), and their backbone
-    section with each rule (what ``foundation compare --norms`` does); a backbone without a
-    final LayerNorm runs with the pre-norm rules only."""
+    section with each rule (what ``foundation compare --norms`` does); a backbone that asks for
+    a final LayerNorm runs with the pre-norm rules only."""
     try:
         load_config(path, ["init_from=null"], check_data=False)
     except ConfigError as e:
@@ -73,7 +78,7 @@ def test_shipped_training_configs_load_under_every_rule(path):
     backbone = dict(read_mapping(path).get("backbone") or {})
     for norm in NORMS:
         fields = {**backbone, "norm": norm}
-        if backbone.get("final_norm", True) or RULES[norm].pre_norm:
+        if not backbone.get("final_norm") or RULES[norm].pre_norm:
             assert build(BackboneConfig, fields).norm == norm
         else:
             with pytest.raises(ConfigError, match="field 'final_norm'"):
