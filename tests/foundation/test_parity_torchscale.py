@@ -7,6 +7,7 @@ from torch import nn
 from foundation.checkpoint import from_torchscale, import_torchscale, to_torchscale, torchscale_args
 from foundation.config import BackboneConfig
 from foundation.transformer import Backbone
+from support import perturb_layernorms
 
 EncoderConfig, Encoder = import_torchscale()
 
@@ -20,16 +21,6 @@ NORMS = {  # torchscale's EncoderConfig has subln=True by default
 }
 
 
-def _perturb_norms(model: nn.Module, seed: int = 1) -> None:
-    """LayerNorm weights away from 1 and biases away from 0, so the mapping is really tested."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.LayerNorm):
-                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
-
-
 def make_encoder(**options) -> nn.Module:
     torch.manual_seed(0)
     args = EncoderConfig(
@@ -37,7 +28,7 @@ def make_encoder(**options) -> nn.Module:
         encoder_layers=LAYERS, vocab_size=-1, no_output_layer=True, **options,
     )
     enc = Encoder(args)
-    _perturb_norms(enc)
+    perturb_layernorms(enc)
     return enc.eval()
 
 
@@ -89,7 +80,7 @@ def test_deepnorm_encoder_of_an_encoder_decoder():
                          encoder_layers=LAYERS, vocab_size=-1, no_output_layer=True, **NORMS["deepnorm"])
     args.decoder_layers = 2
     enc = Encoder(args, is_encoder_decoder=True)
-    _perturb_norms(enc)
+    perturb_layernorms(enc)
     enc.eval()
     ours = from_torchscale(enc)
     assert ours.config.residual_scale == pytest.approx(0.81 * (LAYERS**4 * 2) ** (1 / 16))

@@ -11,24 +11,11 @@ from tasks.vl_common.convert import (
     convert_released, find_embedding, from_torchscale_beit3, import_torchscale_beit3, load_beit3,
     load_embedding, to_torchscale_beit3,
 )
+from support import perturb_layernorms
 
 EncoderConfig, TorchscaleBEiT3 = import_torchscale_beit3()
 DIM, HEADS, FFN, LAYERS, VOCAB, IMG, PATCH = 32, 4, 64, 2, 50, 16, 4
 TOL = 1e-5
-
-
-def _perturb(model: nn.Module, seed: int = 1) -> None:
-    """LayerNorms away from (1, 0) and the zero-initialised tokens random, so every
-    mapping is really exercised."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, nn.LayerNorm):
-                m.weight.copy_(1 + 0.3 * torch.randn(m.weight.shape, generator=g))
-                m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
-        for name, p in model.named_parameters():
-            if name.endswith(("cls_token", "mask_token")):
-                p.copy_(torch.randn(p.shape, generator=g))
 
 
 def torchscale_beit3(**options) -> nn.Module:
@@ -38,7 +25,7 @@ def torchscale_beit3(**options) -> nn.Module:
                 img_size=IMG, patch_size=PATCH, max_source_positions=24)
     args.update(options)
     model = TorchscaleBEiT3(EncoderConfig(**args))
-    _perturb(model)
+    perturb_layernorms(model, tokens=True)
     return model.eval()
 
 
@@ -98,7 +85,7 @@ def test_our_model_back_to_torchscale():
                       vocab_size=VOCAB, img_size=IMG, patch_size=PATCH, text_positions=22)
     torch.manual_seed(1)
     ours = BEiT3(cfg).eval()
-    _perturb(ours)
+    perturb_layernorms(ours, tokens=True)
     from tasks.vl_common.convert import torchscale_beit3_args
 
     ts = TorchscaleBEiT3(EncoderConfig(**torchscale_beit3_args(cfg))).eval()
