@@ -16,7 +16,7 @@ from tasks.asr.data import (LAYOUTS, BucketDataset, SpeechDataError, Utterance, 
                             fbank, length_buckets, load_audio, read_split, save_stats)
 from tasks.asr.decode import SEARCH_TYPES, beam_search, greedy_search
 from tasks.asr.metrics import asr_metrics, split_sums
-from tasks.asr.model import TransducerHead, load_frontend
+from tasks.asr.model import TransducerHead
 from tasks.asr.tokenizer import Tokenizer, TranscriptError, train_tokenizer
 
 DECODINGS = ("greedy", "beam")
@@ -79,7 +79,6 @@ class ASRConfig:
     beam_search: str = "default"  # ESPnet's BeamSearchTransducer: default | maes | tsd | alsd
     max_symbols_per_frame: int = 5  # greedy
     hyp_dir: Optional[str] = None  # write <hyp_dir>/<split>/{hyp,ref}.txt (Kaldi text format) at each evaluation
-    init_embed_from: Optional[str] = None  # checkpoint whose VGG front end initialises this one (BEST-RQ, ASR runs)
 
     def __post_init__(self) -> None:
         bad = check_speech_fields(self)
@@ -162,8 +161,6 @@ class ASR(Task):
         if self.backbone_cfg.arch != "encoder":
             raise ConfigError(f"field 'backbone.arch': asr needs an 'encoder' backbone "
                               f"(got {self.backbone_cfg.arch!r})")
-        if c.init_embed_from is not None and not Path(c.init_embed_from).is_file():
-            raise ConfigError(f"field 'init_embed_from': not found: {c.init_embed_from}")
         for split in c.train_splits + c.eval_splits:
             self.utterances(split)
         self.prepare()
@@ -235,7 +232,7 @@ class ASR(Task):
 
     # ------------------------------------------------------------------ model
 
-    def build_head(self) -> TransducerHead:
+    def build_head(self, shared=None) -> TransducerHead:
         c = self.cfg
         specaug = dict(freq_masks=c.freq_masks, freq_mask_width=c.freq_mask_width, time_masks=c.time_masks,
                        time_mask_ratio=c.time_mask_ratio)
@@ -253,17 +250,14 @@ class ASR(Task):
             head.cmvn.set_stats(float(stats["count"]), stats["sum"], stats["sum_square"])
         if c.tokenizer_path.is_file():
             head.tokenizer_crc.fill_(self.tokenizer.crc)
-        if c.init_embed_from is not None:
-            # a trained checkpoint loaded next (foundation eval) overwrites these weights anyway,
-            # so a file gone since training is no error there (as classification's)
-            if Path(c.init_embed_from).is_file():
-                try:
-                    load_frontend(head, c.init_embed_from, log=lambda m: _say(m))
-                except ValueError as e:
-                    raise ConfigError(f"field 'init_embed_from': {e}") from None
-            else:
-                _say(f"init_embed_from {c.init_embed_from} not found; the front end keeps its initialisation")
         return head
+
+    def adapt_init(self, name, tensor, target):
+        """init_from (a BEST-RQ, ASR or cross-modal run) gives the VGG front end and whatever
+        else fits; the CMVN statistics and the tokenizer's checksum stay this task's own."""
+        if name.startswith("cmvn.") or name == "tokenizer_crc":
+            return "this task's own data statistics / tokenizer"
+        return super().adapt_init(name, tensor, target)
 
     # ------------------------------------------------------------------ evaluation
 

@@ -106,7 +106,7 @@ class VQTokenizer(Task):
             return PixelTeacher(c.patch_size, norm_pix=c.norm_pix)
         return ClipTeacher(c.clip_model, c.clip_pretrained)
 
-    def build_head(self, teacher: bool = True) -> VQKDHead:
+    def build_head(self, shared=None, teacher: bool = True) -> VQKDHead:
         """``teacher=False``: a tokenizer that only encodes (MIM's frozen tokenizer). The
         teacher itself is built on the first training step, not here."""
         c, b = self.cfg, self.backbone_cfg
