@@ -8,7 +8,8 @@
   modality; the experts of a multiway backbone all start from a shared module);
 * every head tensor whose name matches: our ``heads.<id>.<rest>`` takes the file's
   ``heads.<id>.<rest>`` (the same id first, else any head holding ``<rest>``; heads that
-  share a module, such as the VL embedding, hold equal copies), or a top-level ``<rest>``
+  share a module, such as the VL embedding, hold equal copies; heads of a multi-task run
+  that hold different values are skipped, saying so), or a top-level ``<rest>``
   (a ``VisionTransformer`` file's ``patch_embed`` / ``pos_embed``, a converted BEiT-3's
   ``embed.*``). So a MIM run's front end goes into classification or segmentation, a
   BEST-RQ run's VGG front end into ASR, a VL pretraining run's embedding into VQA / NLVR2.
@@ -138,18 +139,18 @@ def _adapt(adapt: Callable, name: str, value: torch.Tensor, target: torch.Tensor
     return out.to(target.dtype)
 
 
-def _head_source(rest: str, tid: str, heads: dict[str, dict], top: dict, path) -> tuple[str, torch.Tensor] | None:
+def _head_source(rest: str, tid: str, heads: dict[str, dict], top: dict) -> tuple[str, torch.Tensor | str] | None:
     """(file key, tensor) for our ``heads.<tid>.<rest>``: the same head id first, else the
-    one value the file's heads hold under ``rest``, else a top-level ``rest``."""
+    one value the file's heads hold under ``rest``, else a top-level ``rest``. Heads that
+    hold different values (two tasks of a multi-task run): (their names, why it is skipped)."""
     if rest in heads.get(tid, {}):
         return f"heads.{tid}.{rest}", heads[tid][rest]
     found = [(h, heads[h][rest]) for h in sorted(heads) if rest in heads[h]]
     if found:
         first = found[0][1]
         if any(v.shape != first.shape or not torch.equal(v, first) for _, v in found[1:]):
-            raise ConfigError(f"field 'init_from': {path}: heads {', '.join(h for h, _ in found)} all hold a "
-                              f"different {rest!r}; which one this task's {tid!r} should start from is not clear "
-                              f"(save the one you want alone)")
+            return (", ".join(f"heads.{h}.{rest}" for h, _ in found),
+                    f"heads {', '.join(h for h, _ in found)} of the file hold different values")
         return f"heads.{found[0][0]}.{rest}", first
     if rest in top:
         return rest, top[rest]
@@ -213,11 +214,14 @@ def load_init_from(model: MultiTaskModel, path: str | Path, expert: str | None =
         task = model.tasks[tid]
         for rest, target in head.state_dict().items():
             full = f"heads.{tid}.{rest}"
-            src = _head_source(rest, tid, heads, top, path)
+            src = _head_source(rest, tid, heads, top)
             if src is None:
                 report.kept.append(full)
                 continue
-            used.add(src[0])
+            used.update(src[0].split(", "))
+            if isinstance(src[1], str):  # which one this head should start from is not clear
+                report.skipped[full] = src[1]
+                continue
             value = _adapt(task.adapt_init, rest, src[1], target, report, full)
             if value is not None:
                 fitted[full] = value
