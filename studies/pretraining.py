@@ -73,8 +73,8 @@ def weights(out: Path, run: str, norm: str, lr: float, seed: int) -> Path:
 
 
 def finetune_overrides(init: str, arch: dict, ckpt: Optional[Path]) -> list[str]:
-    """The pretraining backbone's shape for every init; init_from (and, through the recipes'
-    ``${init_from}`` front-end fields, the front end) for the pretrained ones."""
+    """The pretraining backbone's shape for every init; for the pretrained ones init_from, which
+    loads the backbone and every front-end / head tensor whose name matches."""
     shape = [f"backbone.{k}={arch[k]}" for k in ARCH_FIELDS]
     return [*shape, f"init_from={ckpt if init != 'scratch' else 'null'}"]
 

@@ -39,7 +39,7 @@ def runs(norm: str, seed: int, out: str, extra: list[str]) -> list[tuple[str, li
         config = f"configs/vl/tiny_{task}_{norm}.yaml"
         plan.append((f"{task}-{norm}-scratch-s{seed}", [config, f"run_name={task}-{norm}-scratch-s{seed}", *common]))
         plan.append((f"{task}-{norm}-pt-s{seed}", [config, f"run_name={task}-{norm}-pt-s{seed}", f"init_from={weights}",
-                                                  f"tasks.{task}.pretrained={weights}", *common]))
+                                                  *common]))
     return plan
 
 

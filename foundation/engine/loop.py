@@ -52,7 +52,8 @@ from foundation.engine.data import TaskStream, eval_batches, step_plan, to_devic
 from foundation.engine.distributed import Env
 from foundation.engine.failure import DataError, one_line
 from foundation.engine.logging import MetricsLog, Progress
-from foundation.engine.model import ModelConfig, MultiTaskModel, load_backbone
+from foundation.engine.init import check_init_from, load_init_from
+from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import EMA, build_optimizer, build_scheduler
 from foundation.engine.rundir import STATUS_FILE, RunDir, describe_changes, resume_changes, write_config
 
@@ -80,10 +81,11 @@ def seed_all(seed: int) -> None:
 
 
 def build_model(cfg: TrainConfig, specs: list[TaskSpec], log=print) -> MultiTaskModel:
-    """Backbone + heads; ``init_from`` loads backbone weights, reporting what did not fit."""
+    """Backbone + heads; ``init_from`` loads the backbone and the matching head tensors,
+    reporting what was resized or skipped (``foundation.engine.init``)."""
     model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
     if cfg.init_from:
-        load_backbone(model, cfg.init_from, cfg.init_expert, log)
+        load_init_from(model, cfg.init_from, cfg.init_expert, log)
     return model
 
 
@@ -578,6 +580,8 @@ def train(cfg: TrainConfig, specs: list[TaskSpec] | None = None) -> RunResult:
     (status.json "failed", error.log) and raised again."""
     if specs is None:
         cfg, specs = resolve(cfg)
+    if cfg.init_from is not None:  # a backbone of another width, depth, rule ...: say so before any work
+        check_init_from(cfg.backbone, cfg.init_from)
     env = distributed.setup(cfg.device)
     try:
         with RunDir(cfg.run_dir, env) as run_dir:

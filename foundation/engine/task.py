@@ -16,7 +16,7 @@ What a task provides::
         modality = "text"               # its tokens' expert in a multiway backbone (optional)
 
         def check(self): ...            # paths exist? raise ConfigError naming the field
-        def build_head(self): ...       # nn.Module: forward(backbone, batch) -> (loss, logs)
+        def build_head(self, shared=None): ...  # nn.Module: forward(backbone, batch) -> (loss, logs)
         def train_dataset(self): ...    # map-style Dataset (the engine samples and shards it)
         def eval_dataset(self): ...
         def collate(self, samples): ... # list of dataset items -> batch (tensors in dicts)
@@ -25,13 +25,21 @@ What a task provides::
 
 The pieces and why they are shaped so:
 
-* ``build_head()`` builds everything the task adds around the shared ``Backbone``
+* ``build_head(shared)`` builds everything the task adds around the shared ``Backbone``
   (front end / embeddings, head, loss). The head does not hold the backbone: the engine
   keeps one backbone in a ``MultiTaskModel`` and calls ``head(backbone, batch)``, so
   several tasks share it and DDP / FSDP see one module. The head returns the scalar
   training loss and a dict of floats or 0-d tensors to log (``logs``). A head may list
   parameters exempt from weight decay in ``no_weight_decay()`` (timm's convention);
-  1-d parameters (biases, norms) never decay.
+  1-d parameters (biases, norms) never decay. ``shared`` (a ``SharedModules``, one per
+  model) holds modules several tasks' heads use together (the VL tasks' one BEiT-3
+  embedding): ``shared.get_or_create(name, settings, factory)``. Tasks that share nothing
+  ignore it; a head built alone (``shared=None``) uses a registry of its own.
+* ``adapt_init(name, tensor, target)``: the model starts from ``init_from``
+  (``foundation.engine.init``), which offers each task every tensor of the file whose
+  name matches one of its head's (and backbone tensors of another shape); the task
+  returns it (resized where it can: position embeddings of another patch grid), or None
+  or a reason to skip it (another number of classes; statistics of its own data).
 * Data is a map-style ``Dataset`` plus ``collate``; the engine owns the sampler, so that
   the data order is a function of (seed, epoch) only, each rank takes its shard of every
   global batch, and a run resumes at the exact sample. Per-sample randomness (augment-
@@ -90,8 +98,15 @@ class Task(abc.ABC):
         checkpoint is merely loaded elsewhere."""
 
     @abc.abstractmethod
-    def build_head(self) -> nn.Module:
-        """The task's modules; ``head(backbone, batch)`` returns ``(loss, logs)``."""
+    def build_head(self, shared: Optional["SharedModules"] = None) -> nn.Module:
+        """The task's modules; ``head(backbone, batch)`` returns ``(loss, logs)``. ``shared``:
+        the model's registry of modules shared between tasks (see the module docstring)."""
+
+    def adapt_init(self, name: str, tensor: torch.Tensor, target: torch.Tensor) -> torch.Tensor | str | None:
+        """``tensor`` of the ``init_from`` file for this task's ``name`` (a name in its head,
+        or ``backbone.*`` for a backbone tensor of another shape), fitted to ``target``'s shape;
+        None or a reason (str) skips it. By default: equal shapes load, others are skipped."""
+        return tensor if tensor.shape == target.shape else None
 
     @abc.abstractmethod
     def train_dataset(self) -> Dataset: ...
@@ -121,6 +136,26 @@ class Task(abc.ABC):
         ``backbone``; ``meta`` is what ``export_meta`` saved."""
         raise NoPredictor(f"task {self.name!r} has no predictor: foundation predict serves tasks that map a "
                           "user's file to an answer (classification, segmentation, asr, vqa, nlvr2)")
+
+
+class SharedModules:
+    """Modules that the heads of one model share (``Task.build_head(shared)``): the first
+    task that asks for ``name`` builds it, the others get the same object, and every task
+    must ask with the same ``settings`` (a ``ConfigError`` names those that differ)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[Any, dict[str, Any], str]] = {}  # name -> (object, settings, first task)
+
+    def get_or_create(self, name: str, settings: Mapping[str, Any], factory: Callable[[], Any],
+                      owner: str = "") -> Any:
+        if name not in self._items:
+            self._items[name] = (factory(), dict(settings), owner)
+        obj, theirs, first = self._items[name]
+        if theirs != dict(settings):
+            diff = [f"{k}: {settings.get(k)!r} here, {theirs.get(k)!r} in {first or 'another task'}"
+                    for k in sorted(set(settings) | set(theirs)) if settings.get(k) != theirs.get(k)]
+            raise ConfigError(f"the tasks of one model share the {name}, so these fields must agree: " + "; ".join(diff))
+        return obj
 
 
 class NoPredictor(ValueError):

@@ -125,38 +125,6 @@ class TransducerHead(nn.Module):
         return self.weighted(losses), logs
 
 
-def load_frontend(head: nn.Module, path: str, log=print) -> dict[str, list[str]]:
-    """Copy the VGG front end (``frontend.*``) of a checkpoint into ``head.frontend``.
-
-    The file is a run's ``model.safetensors`` holding one speech front end (an ASR or a
-    BEST-RQ head: ``heads.<id>.frontend.*``), or a file with ``frontend.*`` at the top. The
-    CMVN statistics stay this task's own (computed on its training data). Returns (and
-    logs) what was loaded and which of the source head's tensors were not used."""
-    from safetensors.torch import load_file
-
-    state = load_file(str(path))
-    key = "frontend.proj.weight"
-    prefixes = sorted(k[: -len(key)] for k in state if k == key or (k.endswith("." + key) and k.startswith("heads.")
-                                                                    and k.count(".") == 4))
-    if len(prefixes) != 1:
-        found = ", ".join(p or "(top level)" for p in prefixes) or "none"
-        raise ValueError(f"{path}: expected one speech front end ({key}), found {found}")
-    prefix = prefixes[0]
-    source = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix) and not k.startswith("backbone.")}
-    own = {k: v for k, v in head.state_dict().items() if k.startswith("frontend.")}
-    missing = [k for k in own if k not in source]
-    shapes = [f"{k}: {tuple(source[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
-              if k in source and source[k].shape != v.shape]
-    if missing or shapes:
-        raise ValueError(f"{path}: its speech front end ({prefix or 'top level'}) does not fit this one "
-                         f"(vgg_channels, num_mel_bins, backbone.dim): " + "; ".join((missing + shapes)[:10]))
-    head.load_state_dict({k: source[k] for k in own}, strict=False)
-    unused = sorted(k for k in source if k not in own)
-    log(f"front end from {path} ({prefix or 'top level'}): loaded {len(own)} tensors ({', '.join(sorted(own))}); "
-        f"not used: {', '.join(unused) or 'none'}")
-    return {"loaded": sorted(own), "unused": unused}
-
-
 def _specaug(cfg: dict) -> nn.Module:
     """ESPnet's SpecAug: frequency masks of width up to F, time masks of up to a ratio of
     the utterance (the "adaptive" masks of Park et al. 2020), no time warp (Table 15)."""

@@ -12,7 +12,7 @@ from foundation.engine.task import register_task
 from tasks.asr.data import BucketDataset, collate, length_buckets
 from tasks.asr.decode import SEARCH_TYPES, beam_search, greedy_search
 from tasks.asr.metrics import asr_metrics, split_sums
-from tasks.asr.model import TransducerHead, load_frontend
+from tasks.asr.model import TransducerHead
 from tasks.asr.tokenizer import Tokenizer, TranscriptError, train_tokenizer
 from tasks.speech_common.corpus import SpeechDataError
 from tasks.speech_common.features import audio_frames
@@ -59,7 +59,6 @@ class ASRConfig(SpeechFields):
     beam_search: str = "default"  # ESPnet's BeamSearchTransducer: default | maes | tsd | alsd
     max_symbols_per_frame: int = 5  # greedy
     hyp_dir: Optional[str] = None  # write <hyp_dir>/<split>/{hyp,ref}.txt (Kaldi text format) at each evaluation
-    init_embed_from: Optional[str] = None  # checkpoint whose VGG front end initialises this one (BEST-RQ, ASR runs)
 
     def __post_init__(self) -> None:
         bad = check_speech_fields(self)
@@ -110,8 +109,6 @@ class ASR(SpeechTask):
                 raise ConfigError(f"field 'aux_layers': layer {i} does not exist in a {self.backbone_cfg.depth}-layer "
                                   "backbone (0-based)")
         self.check_encoder()
-        if c.init_embed_from is not None and not Path(c.init_embed_from).is_file():
-            raise ConfigError(f"field 'init_embed_from': not found: {c.init_embed_from}")
         for split in c.train_splits + c.eval_splits:
             self.utterances(split)
         self.prepare()
@@ -175,7 +172,7 @@ class ASR(SpeechTask):
 
     # ------------------------------------------------------------------ model
 
-    def build_head(self) -> TransducerHead:
+    def build_head(self, shared=None) -> TransducerHead:
         c = self.cfg
         specaug = dict(freq_masks=c.freq_masks, freq_mask_width=c.freq_mask_width, time_masks=c.time_masks,
                        time_mask_ratio=c.time_mask_ratio)
@@ -190,17 +187,14 @@ class ASR(SpeechTask):
         self.load_cmvn(head.cmvn)
         if c.tokenizer_path.is_file():
             head.tokenizer_crc.fill_(self.tokenizer.crc)
-        if c.init_embed_from is not None:
-            # a trained checkpoint loaded next (foundation eval) overwrites these weights anyway,
-            # so a file gone since training is no error there (as classification's)
-            if Path(c.init_embed_from).is_file():
-                try:
-                    load_frontend(head, c.init_embed_from, log=self.say)
-                except ValueError as e:
-                    raise ConfigError(f"field 'init_embed_from': {e}") from None
-            else:
-                self.say(f"init_embed_from {c.init_embed_from} not found; the front end keeps its initialisation")
         return head
+
+    def adapt_init(self, name, tensor, target):
+        """init_from (a BEST-RQ, ASR or cross-modal run) gives the VGG front end and whatever
+        else fits; the CMVN statistics and the tokenizer's checksum stay this task's own."""
+        if name.startswith("cmvn.") or name == "tokenizer_crc":
+            return "this task's own data statistics / tokenizer"
+        return super().adapt_init(name, tensor, target)
 
     # ------------------------------------------------------------------ evaluation
 

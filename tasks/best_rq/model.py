@@ -8,8 +8,8 @@
     loss:    cross-entropy on the encoder frames that hold a masked input frame, only
 
 The front end (``frontend``) and the normalisation (``cmvn``) carry the ASR head's names
-and modules, so an ASR fine-tuning loads the pretrained front end by name
-(``init_embed_from``). The quantizer is frozen (buffers, see ``quantizer.py``).
+and modules, so an ASR fine-tuning's ``init_from`` loads the pretrained front end by name
+(the ASR task keeps its own CMVN statistics). The quantizer is frozen (buffers, see ``quantizer.py``).
 """
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ training data (``tasks.speech_common``: the file the ASR task reads too,
 ``<prep_dir>/feats_stats_fbank80.npz``, computed if missing); targets come from 4 stacked frames, one per encoder frame of the VGG front end.
 Evaluation reports the accuracy of the predicted codes on the masked encoder frames of
 the evaluation splits (fixed masks and noise), their cross-entropy and the fraction of
-input frames masked. Fine-tune ASR from a run with ``init_from`` (backbone) and the ASR
-task's ``init_embed_from`` (the VGG front end).
+input frames masked. Fine-tune ASR from a run with ``init_from`` (the backbone and the
+VGG front end).
 """
 from __future__ import annotations
 
@@ -99,7 +99,7 @@ class BestRQ(SpeechTask):
                 audio_frames(u, c.sample_rate)
         self.prepare_cmvn()
 
-    def build_head(self) -> BestRQHead:
+    def build_head(self, shared=None) -> BestRQHead:
         c = self.cfg
         head = BestRQHead(dim=self.backbone_cfg.dim, num_mel_bins=c.num_mel_bins, vgg_channels=c.vgg_channels,
                           codebook_size=c.codebook_size, codebook_dim=c.codebook_dim, num_codebooks=c.num_codebooks,

@@ -13,9 +13,9 @@ with label smoothing 0.1 in the head; evaluation is resize + centre crop, top-1 
 Layer decay and drop path are engine / backbone settings (``optim.layer_decay``,
 ``backbone.drop_path``).
 
-Fine-tuning from pretraining: the top-level ``init_from`` loads the backbone (the
-engine); ``init_embed_from`` loads this head's front end (``patch_embed``, ``cls_token``,
-``pos_embed``) from the same file - the configs write ``init_embed_from: ${init_from}``.
+Fine-tuning from pretraining: the top-level ``init_from`` loads the backbone and this
+head's front end (``patch_embed``, ``cls_token``, ``pos_embed``, resized to this patch
+grid) from a MIM run or a ViT file; a classifier of another size is skipped.
 """
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ from foundation.engine.task import register_task
 from tasks.classification.metrics import classification_metrics, topk_sums
 from tasks.classification.model import ClassificationHead
 from tasks.vision_common.folder import ImageFolderDataset, find_classes
-from tasks.vision_common.front_end import load_front_end
 from tasks.vision_common.images import ImageDataError
 from tasks.vision_common.task import ImageFolderTask
 from tasks.vision_common.transforms import MEAN, STD, TransformConfig, build_transform
+from tasks.vision_common.resize import adapt_vision_init
 
 
 @dataclass
@@ -54,7 +54,6 @@ class ClassificationConfig(TransformConfig):
     mixup_switch_prob: float = 0.5  # probability of CutMix rather than Mixup when both are on
     label_smoothing: float = 0.1
     min_image_size: int = 1  # smaller images are errors naming the file
-    init_embed_from: Optional[str] = None  # checkpoint whose vision front end initialises this one
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:
@@ -94,8 +93,6 @@ class Classification(ImageFolderTask):
         if len(classes) != c.num_classes:
             raise ConfigError(f"field 'num_classes': {c.num_classes}, but {Path(c.data_dir) / 'train'} has "
                               f"{len(classes)} class folders")
-        if c.init_embed_from is not None and not Path(c.init_embed_from).is_file():
-            raise ConfigError(f"field 'init_embed_from': not found: {c.init_embed_from}")
 
     def mixup(self) -> Mixup | None:
         c = self.cfg
@@ -104,21 +101,18 @@ class Classification(ImageFolderTask):
         return Mixup(mixup_alpha=c.mixup, cutmix_alpha=c.cutmix, prob=c.mixup_prob, switch_prob=c.mixup_switch_prob,
                      mode="batch", label_smoothing=c.label_smoothing, num_classes=c.num_classes)
 
-    def build_head(self) -> ClassificationHead:
+    def build_head(self, shared=None) -> ClassificationHead:
         c, b = self.cfg, self.backbone_cfg
         head = ClassificationHead(b.dim, c.num_classes, c.img_size, c.patch_size, global_pool=c.global_pool,
                                   fc_norm=c.fc_norm, head_init_scale=c.head_init_scale,
                                   label_smoothing=c.label_smoothing, mixup=self.mixup(), eps=b.layernorm_eps,
                                   pos_init=c.pos_embed_init)
-        if c.init_embed_from is not None:
-            # Rebuilding a trained model from its checkpoint (foundation eval, checkpoint.load)
-            # overwrites these weights anyway, so a file gone since training is no error there.
-            if Path(c.init_embed_from).is_file():
-                load_front_end(head, c.init_embed_from)
-            else:
-                print(f"classification: init_embed_from {c.init_embed_from} not found; the front end keeps its "
-                      "initialisation (fine when a checkpoint is loaded next)")
         return head
+
+    def adapt_init(self, name, tensor, target):
+        """A front end pretrained at another resolution: positions resized to this grid."""
+        return adapt_vision_init(name, tensor, target, [self.cfg.img_size // self.cfg.patch_size] * 2,
+                                 ClassificationHead.num_prefix_tokens)
 
     def dataset(self, split: str, train: bool) -> ImageFolderDataset:
         c = self.cfg

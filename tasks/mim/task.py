@@ -89,7 +89,7 @@ class MIM(ImageFolderTask):
             raise ConfigError(f"field 'tokenizer': not found: {c.tokenizer} (train it first: foundation train "
                               "configs/vision/tiny_tokenizer.yaml)")
 
-    def build_head(self) -> MIMHead:
+    def build_head(self, shared=None) -> MIMHead:
         c = self.cfg
         if c.tokenizer is None or not Path(c.tokenizer).is_file():
             raise ConfigError(f"field 'tokenizer': not found: {c.tokenizer}")

@@ -8,7 +8,7 @@ from typing import Optional
 
 import torch
 
-from foundation.engine.task import register_task
+from foundation.engine.task import SharedModules, register_task
 from tasks.nlvr2.data import NLVR2Dataset, collate, read_split
 from tasks.nlvr2.metrics import nlvr2_metrics, nlvr2_sums
 from tasks.nlvr2.model import NLVR2Head
@@ -21,7 +21,7 @@ class NLVR2Config(VLConfig):
     image_dir: Optional[str] = None  # holds images/train/<directory>/, dev/, test1/ (default: data_dir)
     train_split: str = "train"
     eval_split: str = "dev"
-    pretrained_head: bool = False  # also load the head from `pretrained` (a converted BEiT-3 NLVR2 model)
+    pretrained_head: bool = False  # init_from also loads the head (a converted BEiT-3 NLVR2 model)
     max_train_statements: Optional[int] = None  # the first N (quick runs)
     max_eval_statements: Optional[int] = None
 
@@ -41,10 +41,11 @@ class NLVR2(VLTask):
         self.check_finetune_data("NLVR2", "nlvr2", [("data_dir", Path(c.data_dir or ".") / "data" / f"{split}.json")
                                                     for split in (c.train_split, c.eval_split)])
 
-    def build_head(self) -> NLVR2Head:
-        head = NLVR2Head(self.embedding(), self.backbone_cfg.dim, self.backbone_cfg.layernorm_eps)
-        self.load_pretrained(head, ("head.",) if self.cfg.pretrained_head else ())
-        return head
+    head_prefixes = ("head.",)
+
+    def build_head(self, shared=None) -> NLVR2Head:
+        embed = self.embedding(shared if shared is not None else SharedModules())
+        return NLVR2Head(embed, self.backbone_cfg.dim, self.backbone_cfg.layernorm_eps)
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> NLVR2Dataset:
         c = self.cfg

@@ -1,14 +1,10 @@
 """Pretrained ViT weights into a segmentation model, resized to its resolution.
 
 Segmentation fine-tunes at another resolution than pretraining (ADE20k: 640x640 crops
-after 224x224 MIM pretraining), so two tensors change shape with the patch grid:
-
-* the absolute position embedding (if any): resampled bicubically over the grid with its
-  class-token entry kept (timm's ``resample_abs_pos_embed``, which ViT and BEiT use);
-* the relative position bias table of ``rel_pos="2d"`` (BEiT): the (2h-1)(2w-1) grid
-  offsets are resampled with BEiT's geometric-sequence interpolation (timm's
-  ``resize_rel_pos_bias_table``: offsets near 0 keep their spacing, far ones are spread
-  out to reach the new, larger offsets); the three class-token entries are kept.
+after 224x224 MIM pretraining), so the position embedding and the relative position table
+change shape with the patch grid (resized by ``tasks.vision_common.resize``). The engine's
+``init_from`` resizes them through ``Segmentation.adapt_init``; this module reads ViT files
+for mmseg's ``MagnetoViT`` (its ``pretrained=`` / ``init_cfg``) and writes resized files.
 
 Sources, recognised from their keys (and, for our files, the config in their metadata):
 
@@ -34,13 +30,13 @@ from typing import Mapping, Sequence
 
 import torch
 from safetensors import SafetensorError, safe_open
-from timm.layers.pos_embed_rel import resize_rel_pos_bias_table
 
 from foundation.checkpoint import CheckpointError
 from foundation.config import BackboneConfig, ConfigError
-from foundation.embed import resize_pos_embed
+from foundation.embed import resize_pos_embed  # noqa: F401 (re-exported)
 from tasks.vision_common.front_end import FRONT_END
-REL_POS_TABLE = "backbone.encoder.rel_pos.table"
+from tasks.vision_common.resize import REL_POS_TABLE, resize_rel_pos_table  # noqa: F401 (re-exported)
+
 # fields that change what the backbone's weights compute (see foundation.checkpoint)
 _SAME_RULE = ("norm", "activation", "residual_scale", "arch")
 
@@ -135,20 +131,6 @@ def _source_grid(w: ViTWeights, kind: str | None, config: dict | None) -> tuple[
     return None
 
 
-def resize_rel_pos_table(table: torch.Tensor, old_grid: Sequence[int], new_grid: Sequence[int]) -> torch.Tensor:
-    """A ``RelativePositionBias2d`` table ((2h-1)(2w-1) + 3, heads) for another patch grid,
-    by BEiT's geometric-sequence interpolation; the class-token rows are kept. Same grid:
-    the table itself."""
-    (h, w), (H, W) = tuple(old_grid), tuple(new_grid)
-    if table.shape[0] != (2 * h - 1) * (2 * w - 1) + 3:
-        raise ValueError(f"relative position table: {table.shape[0]} rows do not fit a {h}x{w} grid "
-                         f"({(2 * h - 1) * (2 * w - 1)} offsets + 3 class-token entries)")
-    if (h, w) == (H, W):
-        return table
-    new_shape = ((2 * H - 1) * (2 * W - 1) + 3, table.shape[1])
-    return resize_rel_pos_bias_table(table, (H, W), new_shape, old_window_size=(h, w))
-
-
 def fit_vit_weights(weights: ViTWeights, target: Mapping[str, torch.Tensor], grid: Sequence[int],
                     backbone: BackboneConfig | None = None, prefix_tokens: int = 1) -> dict[str, torch.Tensor]:
     """``weights`` resized to a model whose state dict is ``target`` (VisionTransformer names)
@@ -219,7 +201,7 @@ def load_vit_weights(module: torch.nn.Module, weights: ViTWeights | str | Path, 
 
 def main(argv: list[str] | None = None) -> int:
     """Convert a pretrained checkpoint for a segmentation config whose resolution differs
-    (the engine's ``init_from`` loads backbone tensors of equal shapes only)."""
+    (``init_from`` resizes by itself; a resized file serves other tools, e.g. mmseg)."""
     p = argparse.ArgumentParser(prog="python -m tasks.segmentation.pretrained",
                                 description="Resize a pretrained ViT / MIM checkpoint to a segmentation "
                                             "config's patch grid, for init_from=.")

@@ -10,7 +10,6 @@ transforms (``tasks/segmentation/data.py``); metric: mmseg's IoUMetric (``metric
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import List, Optional
 
 import torch
@@ -23,7 +22,7 @@ from tasks.segmentation.data import (ADE_PALETTE, MEAN, STD, SegDataset, TrainCo
                                      class_names, eval_collate, eval_pipeline, train_pipeline)
 from tasks.segmentation.metrics import iou_sums, seg_metrics
 from tasks.segmentation.model import UperNetHead
-from tasks.segmentation.pretrained import FRONT_END, load_vit_weights
+from tasks.vision_common.resize import adapt_vision_init
 
 TEST_MODES = ("slide", "whole")
 
@@ -51,7 +50,6 @@ class SegmentationConfig:
     photometric: bool = True  # PhotoMetricDistortion
     test_mode: str = "slide"  # slide | whole
     test_stride: Optional[int] = None  # sliding window stride; default 2/3 of img_size (426 for 640)
-    pretrained: Optional[str] = None  # front end (patch/position embedding) from a ViT or MIM checkpoint
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:
@@ -108,10 +106,8 @@ class Segmentation(Task):
             raise ConfigError("field 'abs_pos_embed': without backbone.rel_pos: 2d the model needs a position "
                               "embedding (abs_pos_embed: true)")
         check_layout(c.data_root)
-        if c.pretrained is not None and not Path(c.pretrained).is_file():
-            raise ConfigError(f"field 'pretrained': not found: {c.pretrained}")
 
-    def build_head(self) -> UperNetHead:
+    def build_head(self, shared=None) -> UperNetHead:
         c = self.cfg
         head = UperNetHead(
             self.backbone_cfg.dim, c.num_classes, c.img_size, c.patch_size, out_indices=c.out_indices,
@@ -120,15 +116,12 @@ class Segmentation(Task):
             class_token=c.class_token, abs_pos_embed=c.abs_pos_embed, final_norm=self.backbone_cfg.has_final_norm,
             sync_bn=c.sync_bn, pos_init=c.pos_embed_init,
         )
-        # The engine's init_from loads the backbone; the front end lives in this head.
-        # (When a trained model is rebuilt from its own checkpoint, its weights replace
-        # these right after, and a moved pretrained file is not needed.)
-        if c.pretrained is not None and Path(c.pretrained).is_file():
-            report = load_vit_weights(head, c.pretrained, head.grid, self.backbone_cfg, head.num_prefix_tokens,
-                                      only=FRONT_END, strict_blocks=False)
-            if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-                print(f"segmentation: front end from {c.pretrained}: {report}", flush=True)
         return head
+
+    def adapt_init(self, name, tensor, target):
+        """init_from (a MIM run, a ViT file) at another resolution: the position embedding
+        and the relative position table resized to this crop's patch grid."""
+        return adapt_vision_init(name, tensor, target, self.cfg.grid, int(self.cfg.class_token))
 
     def train_dataset(self) -> SegDataset:
         c = self.cfg

@@ -63,7 +63,7 @@ class Seq2Seq(Task):
         if missing:
             raise ConfigError(f"field 'data_dir': {root} lacks {', '.join(missing)}")
 
-    def build_head(self) -> Seq2SeqHead:
+    def build_head(self, shared=None) -> Seq2SeqHead:
         # positions: the longest source, and BOS + the longest target
         return Seq2SeqHead(self.cfg.vocab_size + SPECIALS, self.backbone_cfg.dim, self.cfg.max_len + 1,
                            self.cfg.label_smoothing)

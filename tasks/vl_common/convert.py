@@ -7,8 +7,8 @@
   ``beit3_base_patch16_224.pth``, ``beit3_base_patch16_480_vqa.pth``, ...; keys
   ``beit3.text_embed``, ``beit3.vision_embed``, ``beit3.encoder.layers.*.{A,B}``, and the
   task heads ``pooler.*`` / ``head.*``) -> one safetensors file with ``backbone.*`` (what
-  the engine's ``init_from`` reads), ``embed.*`` and the head's keys (what a VL task's
-  ``pretrained`` field reads). The architecture is read off the tensors' shapes; only the
+  ``embed.*`` and the head's keys, all of which the engine's ``init_from`` reads (the
+  head with the task's ``pretrained_head: true``). The architecture is read off the tensors' shapes; only the
   number of heads is not in them (12 for base, 16 for large, 16 for Magneto's 544-dim).
   It builds torchscale's own ``BEiT3`` and loads the weights into it strictly first, so a
   checkpoint of another architecture is refused by the official code itself.
@@ -257,7 +257,7 @@ def load_embedding(embed: nn.Module, state: Mapping[str, torch.Tensor], where: s
         f"{k}: {tuple(state[k].shape)} vs {tuple(own[k].shape)}" for k in own if k in state and state[k].shape != own[k].shape
     ]
     if problems:
-        raise CheckpointError(f"{where}: the BEiT-3 embedding does not fit this task's (field 'pretrained'): "
+        raise CheckpointError(f"{where}: the BEiT-3 embedding does not fit this task's: "
                               + "; ".join(problems[:10]))
     embed.load_state_dict(state)
 
@@ -281,8 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out}: BEiT-3 {c.backbone.depth} layers, dim {c.backbone.dim}, {c.backbone.heads} heads, "
           f"{c.backbone.norm}, final_norm={c.backbone.final_norm}, {c.img_size}px / patch {c.patch_size}, "
           f"vocab {c.vocab_size}; head: {kind or 'none'}")
-    print("use it: init_from: OUT (backbone) and tasks.<id>.pretrained: OUT (embedding"
-          + (", with pretrained_head: true the head)" if kind else ")"))
+    print("use it: init_from: OUT (the backbone and the embedding"
+          + ("; with the task's pretrained_head: true the head)" if kind else ")"))
     return 0
 
 

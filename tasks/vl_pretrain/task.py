@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 
 from foundation.config import ConfigError
-from foundation.engine.task import register_task
+from foundation.engine.task import SharedModules, register_task
 from tasks.vl_common.task import VLConfig, VLTask
 from tasks.vl_pretrain.data import KINDS, MaskedDataset, collate, find_images, read_captions, read_lines
 from tasks.vl_pretrain.masking import block_masking
@@ -92,20 +92,19 @@ class VLPretrain(VLTask):
         n = self.cfg.img_size // self.cfg.patch_size
         return n, n
 
-    def build_head(self) -> MDMHead:
+    def build_head(self, shared=None) -> MDMHead:
         c, dim = self.cfg, self.backbone_cfg.dim
-        embed = self.embedding({"text": ("text",), "image": ("vision", "mask"), "pair": ("text", "vision", "mask")}[c.kind])
+        shared = shared if shared is not None else SharedModules()
+        embed = self.embedding(shared, {"text": ("text",), "image": ("vision", "mask"), "pair": ("text", "vision", "mask")}[c.kind])
         mlm = mim = None
         if c.kind != "image":
-            mlm = self.shared("MLM output", {"vocab_size": embed.text_embed.num_embeddings},
+            mlm = self.shared(shared, "MLM output", {"vocab_size": embed.text_embed.num_embeddings},
                               lambda: MLMOutput(embed.text_embed.num_embeddings))
         if c.kind != "text":
             settings = {k: getattr(c, k) for k in ("visual_tokenizer", "visual_tokenizer_path", "visual_vocab_size",
                                                    "visual_code_dim", "visual_seed")}
-            mim = self.shared("MIM output", settings, lambda: MIMOutput(dim, build_visual_tokenizer(c)))
-        head = MDMHead(embed, mlm, mim)
-        self.load_pretrained(head)
-        return head
+            mim = self.shared(shared, "MIM output", settings, lambda: MIMOutput(dim, build_visual_tokenizer(c)))
+        return MDMHead(embed, mlm, mim)
 
     def _dataset(self, train: bool) -> MaskedDataset:
         c = self.cfg

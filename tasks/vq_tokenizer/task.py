@@ -97,7 +97,7 @@ class VQTokenizer(ImageFolderTask):
             return PixelTeacher(c.patch_size, norm_pix=c.norm_pix)
         return ClipTeacher(c.clip_model, c.clip_pretrained)
 
-    def build_head(self) -> VQKDHead:
+    def build_head(self, shared=None) -> VQKDHead:
         """The tokenizer and its teacher, which is built on the first training step, not here."""
         return build_vqkd(self.cfg, self.backbone_cfg, self.target_dim(), self.build_teacher)
 

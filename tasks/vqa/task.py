@@ -9,7 +9,7 @@ from typing import List, Optional
 import torch
 
 from foundation.config import ConfigError
-from foundation.engine.task import register_task
+from foundation.engine.task import SharedModules, register_task
 from tasks.vl_common.task import VLConfig, VLTask
 from tasks.vqa.data import ANNOTATIONS, IMAGES, QUESTIONS, VQADataset, answer_vocabulary, collate, read_answer_list, read_split
 from tasks.vqa.metrics import type_sums, vqa_accuracy, vqa_metrics
@@ -32,7 +32,7 @@ class VQAConfig(VLConfig):
     # saved with the run, so that a checkpoint carries the meaning of its outputs
     answers: List[str] = field(default_factory=list)
     out_of_vocab: str = "error"  # a training question with no answer in the vocabulary: error | skip (BEiT-3)
-    pretrained_head: bool = False  # also load pooler + head from `pretrained` (a converted BEiT-3 VQA model)
+    pretrained_head: bool = False  # init_from also loads pooler + head (a converted BEiT-3 VQA model)
     max_train_questions: Optional[int] = None  # the first N (quick runs)
     max_eval_questions: Optional[int] = None
 
@@ -78,10 +78,11 @@ class VQA(VLTask):
                                                    for split in (c.train_split, c.eval_split)
                                                    for pattern in (QUESTIONS, ANNOTATIONS)])
 
-    def build_head(self) -> VQAHead:
-        head = VQAHead(self.embedding(), self.backbone_cfg.dim, len(self.cfg.answers), self.backbone_cfg.layernorm_eps)
-        self.load_pretrained(head, ("pooler.", "head.") if self.cfg.pretrained_head else ())
-        return head
+    head_prefixes = ("pooler.", "head.")
+
+    def build_head(self, shared=None) -> VQAHead:
+        embed = self.embedding(shared if shared is not None else SharedModules())
+        return VQAHead(embed, self.backbone_cfg.dim, len(self.cfg.answers), self.backbone_cfg.layernorm_eps)
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> VQADataset:
         c = self.cfg

@@ -15,7 +15,8 @@ from foundation import checkpoint
 from foundation.config import ConfigError
 from foundation.engine.config import OptimConfig, resolve
 from foundation.engine.loop import build_model, train
-from foundation.engine.model import ModelConfig, MultiTaskModel, load_backbone
+from foundation.engine.init import load_init_from
+from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import build_optimizer
 from foundation.multiway import adapt_state, state_experts
 
@@ -170,7 +171,7 @@ def test_crossmodal_run_then_fine_tune_plain_backbones(data, speech, tmp_path, c
     # ASR (modality speech): the speech expert + the shared attention, and the VGG front end
     asr = {"name": "asr", "batch_size": 1, "data_dir": str(speech), "train_splits": ["train"], "eval_splits": ["dev"],
            "vocab_size": 19, "vgg_channels": [4, 8], "predictor_embed_dim": 8, "predictor_dim": 16, "joint_dim": 16,
-           "aux_mlp_dim": 8, "init_embed_from": str(weights)}
+           "aux_mlp_dim": 8}
     model, out = plain(asr)
     assert "the 'speech' expert into the plain layers" in out and "missing 0" in out
     bb = model.backbone.state_dict()
@@ -185,9 +186,8 @@ def test_crossmodal_run_then_fine_tune_plain_backbones(data, speech, tmp_path, c
     head = model.heads["asr"].state_dict()
     assert all(torch.equal(head[k], src[f"heads.speech.{k}"]) for k in head if k.startswith("frontend."))
 
-    # classification (modality vision): the vision expert; the MIM front end through init_embed_from
-    cls = {"name": "classification", "data_dir": str(vision), "num_classes": 3, "img_size": 16, "patch_size": 4,
-           "init_embed_from": str(weights)}
+    # classification (modality vision): the vision expert; the MIM head's front end by name
+    cls = {"name": "classification", "data_dir": str(vision), "num_classes": 3, "img_size": 16, "patch_size": 4}
     model, out = plain(cls)
     assert "the 'vision' expert into the plain layers" in out
     assert torch.equal(model.backbone.state_dict()["encoder.layers.1.mlp.fc1.weight"],
@@ -200,7 +200,7 @@ def test_crossmodal_run_then_fine_tune_plain_backbones(data, speech, tmp_path, c
 
     # VQA (multiway vision + text, BEiT-3's layout): experts by name, the shared attention into both
     vqa = {"name": "vqa", "data_dir": str(vl / "vqa"), "img_size": 32, "patch_size": 8, "max_text_len": 24,
-           "text_positions": 32, "min_answer_count": 1, "pretrained": str(weights)}
+           "text_positions": 32, "min_answer_count": 1}
     cfg, specs = resolve({"backbone": {**BACKBONE, "experts": ["vision", "text"], "final_norm": False},
                           "tasks": [vqa], "init_from": str(weights)}, check_data=False)
     model = build_model(cfg, specs)
@@ -219,8 +219,8 @@ def test_crossmodal_run_then_fine_tune_plain_backbones(data, speech, tmp_path, c
     cfg, specs = resolve({"backbone": BACKBONE, "tasks": [cls, asr]}, check_data=False)
     two = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))  # vision and speech: which expert?
     with pytest.raises(ConfigError, match="set init_expert to one of speech, text, vision"):
-        load_backbone(two, weights)
-    load_backbone(two, weights, expert="speech")
+        load_init_from(two, weights)
+    load_init_from(two, weights, expert="speech")
     with pytest.raises(ConfigError, match="backbone.heads=2"):
         resolve_and_build({"backbone": {**BACKBONE, "heads": 4}, "tasks": [cls], "init_from": str(weights)})
 
@@ -258,12 +258,12 @@ def test_shipped_configs_resolve(norm):
     assert cfg.backbone.experts == []
     cfg, specs = load_config(REPO / f"configs/best_rq/tiny_{norm}.yaml", check_data=False)
     asr, _ = load_config(REPO / f"configs/asr/tiny_{norm}.yaml", check_data=False)
-    assert cfg.backbone == asr.backbone and asr.tasks[0]["init_embed_from"] is None  # ${init_from}, null
+    assert cfg.backbone == asr.backbone and "init_embed_from" not in asr.tasks[0]  # init_from loads the front end
     for task in ("vqa", "nlvr2"):  # read raw: resolving them reads the data (the answer vocabulary)
         from omegaconf import OmegaConf
 
         raw = OmegaConf.load(REPO / f"configs/vl/tiny_{task}_{norm}.yaml")
-        assert raw.init_from is None and OmegaConf.to_container(raw)["tasks"][0]["pretrained"] == "${init_from}"
+        assert raw.init_from is None and "pretrained" not in OmegaConf.to_container(raw)["tasks"][0]
 
 
 def test_shared_attention_layout():

@@ -14,7 +14,6 @@ from foundation.engine.config import resolve
 from foundation.engine.loop import train
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import layer_ids, param_groups
-from tasks.vision_common.front_end import load_front_end
 
 IMAGE = {"img_size": 16, "patch_size": 4}
 
@@ -51,24 +50,26 @@ def test_mim_then_finetune_loads_everything_but_the_head(vision_data, tmp_path, 
     source = load_file(str(pretrained))
 
     task = {"name": "classification", "data_dir": str(vision_data), "num_classes": 3, **IMAGE, "scale": [0.5, 1.0],
-            "crop_pct": 1.0, "init_embed_from": "${init_from}"}
+            "crop_pct": 1.0}
     ft = vision_config(tmp_path, "ft", task, init_from=str(pretrained),
                 optim={"lr": 1e-3, "layer_decay": 0.65}, train={"steps": 2, "batch_size": 8})
     cfg, specs = resolve(OmegaConf.create(ft))
-    assert specs[0].config.init_embed_from == str(pretrained)  # ${init_from} resolved
     capsys.readouterr()
     from foundation.engine.loop import build_model
 
     model = build_model(cfg, specs)
     printed = capsys.readouterr().out
-    # the backbone through the engine's init_from, the front end through init_embed_from
+    # the backbone and, by name, the front end through the engine's init_from
     assert "missing 0" in printed and "unexpected 0" in printed
     for k, v in model.backbone.state_dict().items():
         assert torch.equal(v, source[f"backbone.{k}"]), k
     head = model.heads["classification"]
-    report = load_front_end(head, pretrained, log=lambda s: None)
-    assert sorted(report["missing"]) == ["fc_norm.bias", "fc_norm.weight", "head.bias", "head.weight"]
-    assert sorted(report["unused"]) == ["lm_head.bias", "lm_head.weight", "mask_token"]
+    from foundation.engine.init import load_init_from
+
+    report = load_init_from(model, pretrained, log=lambda s: None)
+    assert sorted(report.kept) == [f"heads.classification.{k}" for k in ("fc_norm.bias", "fc_norm.weight",
+                                                                        "head.bias", "head.weight")]
+    assert sorted(report.unused) == ["heads.mim.lm_head.bias", "heads.mim.lm_head.weight", "heads.mim.mask_token"]
     for k in ("patch_embed.proj.weight", "patch_embed.proj.bias", "cls_token", "pos_embed"):
         assert torch.equal(head.state_dict()[k], source[f"heads.mim.{k}"]), k
     # layer decay: the front end sits with the embeddings (layer 0), the head on top

@@ -143,7 +143,7 @@ def test_released_checkpoint_conversion(tmp_path):
     assert convert_cli([str(src), str(out), "--heads", str(HEADS)]) == 0  # what a user runs
     again = load_beit3(out).eval()
     assert max_diff(ts, again, "text") < TOL
-    # what a task's `pretrained` field reads: the embedding, at another resolution too
+    # the embedding of a converted file, at another resolution too
     from safetensors.torch import load_file
 
     prefix, emb_state = find_embedding(load_file(str(out)), str(out))
@@ -173,14 +173,12 @@ def test_resize_vision_pos_keeps_class_row():
 
 
 def test_converted_vqa_model_answers_as_beit3(tmp_path):
-    """A released VQA checkpoint, converted, loaded by our VQA task (backbone + `pretrained`
-    with `pretrained_head`), gives BEiT-3's logits: pooler (LN, dense, tanh) on the first
-    token, then Linear, LN, GELU, Linear."""
+    """A released VQA checkpoint, converted, loaded by our VQA task through `init_from` (backbone,
+    embedding, and with `pretrained_head` the head), gives BEiT-3's logits: pooler (LN, dense,
+    tanh) on the first token, then Linear, LN, GELU, Linear."""
     import torch.nn.functional as F
 
-    from foundation.config import build
     from tasks.vl_common.convert import main as convert_cli
-    from tasks.vqa.task import VQA, VQAConfig
 
     ts = torchscale_beit3(normalize_output=False, vocab_size=49409)  # open_clip's ids + [MASK]
     state = _released_state(ts, "vqa")
@@ -188,13 +186,21 @@ def test_converted_vqa_model_answers_as_beit3(tmp_path):
     torch.save({"model": state}, src)
     assert convert_cli([str(src), str(out), "--heads", str(HEADS)]) == 0
     beit3 = load_beit3(out).eval()
-    cfg = build(VQAConfig, {"answers": [f"a{i}" for i in range(11)], "img_size": IMG, "patch_size": PATCH,
-                            "max_text_len": 16, "text_positions": 22, "pretrained": str(out), "pretrained_head": True})
-    task = VQA(cfg, beit3.config.backbone)
-    head = task.build_head().eval()
+    from foundation.engine.init import load_init_from
+    from foundation.engine.model import ModelConfig, MultiTaskModel
+
+    vqa = {"name": "vqa", "answers": [f"a{i}" for i in range(11)], "img_size": IMG, "patch_size": PATCH,
+           "max_text_len": 16, "text_positions": 22}
+    skipped = MultiTaskModel(ModelConfig(beit3.config.backbone, [vqa]))
+    report = load_init_from(skipped, out, log=lambda s: None)
+    assert report.skipped["heads.vqa.head.3.weight"] == "pretrained_head: false"
+    assert "heads.vqa.embed.text_embed.weight" in report.loaded and not report.missing
+    model = MultiTaskModel(ModelConfig(beit3.config.backbone, [{**vqa, "pretrained_head": True}])).eval()
+    load_init_from(model, out, log=lambda s: None)
+    head = model.heads["vqa"]
     images, text, pad, _ = batch()
     with torch.no_grad():
-        ours = head.logits(beit3.backbone, {"images": images, "text_ids": text, "text_padding_mask": pad})
+        ours = head.logits(model.backbone, {"images": images, "text_ids": text, "text_padding_mask": pad})
         x = ts(textual_tokens=text, visual_tokens=images, text_padding_position=pad)["encoder_out"][:, 0]
         s = state
         x = F.layer_norm(x, (DIM,), s["pooler.norm.weight"], s["pooler.norm.bias"])

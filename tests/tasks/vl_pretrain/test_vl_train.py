@@ -1,6 +1,6 @@
 """A short run of the whole vision-language path on demo data, as a user runs it:
 `foundation data make vl`, VL pretraining, then VQA and NLVR2 fine-tuning from it
-(backbone through `init_from`, embedding through the task's `pretrained`), the VQA
+(backbone and embedding through `init_from`), the VQA
 predictions file, and errors that reach the command line as one line naming the record."""
 import json
 
@@ -39,7 +39,7 @@ def test_pretrain_then_vqa_and_nlvr2(demo, tmp_path, capsys):
     state = load_file(str(weights))
     assert torch.equal(state["heads.text.embed.text_embed.weight"], state["heads.pair.embed.text_embed.weight"])
 
-    vqa_task = {"name": "vqa", **FRONT, "data_dir": str(demo / "vqa"), "min_answer_count": 1, "pretrained": str(weights)}
+    vqa_task = {"name": "vqa", **FRONT, "data_dir": str(demo / "vqa"), "min_answer_count": 1}
     vqa = write_config(tmp_path / "vqa.yaml", run_name="vqa", output_dir=out, init_from=str(weights),
                        backbone={**BACKBONE, "final_norm": False}, tasks=[vqa_task], train={"steps": 3, "batch_size": 4})
     assert cli(["train", vqa]) == 0
@@ -50,7 +50,7 @@ def test_pretrain_then_vqa_and_nlvr2(demo, tmp_path, capsys):
     drift = (tuned["heads.vqa.embed.vision_pos"] - state["heads.image.embed.vision_pos"]).abs().max()
     assert drift < 0.05
 
-    nlvr2_task = {"name": "nlvr2", **FRONT, "data_dir": str(demo / "nlvr2"), "pretrained": str(weights)}
+    nlvr2_task = {"name": "nlvr2", **FRONT, "data_dir": str(demo / "nlvr2")}
     nlvr2 = write_config(tmp_path / "nlvr2.yaml", run_name="nlvr2", output_dir=out, init_from=str(weights),
                          backbone=BACKBONE, tasks=[nlvr2_task], train={"steps": 2, "batch_size": 4})
     assert cli(["train", nlvr2]) == 0

@@ -168,8 +168,6 @@ def test_finetune_check_names_field_and_path(demo, tmp_path):
         NLVR2(build(NLVR2Config, {"data_dir": str(demo / "nlvr2"), "eval_split": "test1", **common}), backbone).check()
     with pytest.raises(ConfigError, match="field 'data_dir': directory not found: .*demo NLVR2 to DIR/nlvr2"):
         NLVR2(build(NLVR2Config, {"data_dir": str(tmp_path / "none"), **common}), backbone).check()
-    with pytest.raises(ConfigError, match="field 'pretrained_head': needs `pretrained` .*BEiT-3 NLVR2"):
-        NLVR2(build(NLVR2Config, {"data_dir": str(demo / "nlvr2"), "pretrained_head": True, **common}), backbone).check()
     vqa = build(VQAConfig, {"data_dir": str(demo / "vqa"), "min_answer_count": 1, **common})
     VQA(vqa, backbone).check()
     copy = tmp_path / "vqa"

@@ -26,7 +26,7 @@ from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import build_optimizer, build_scheduler, layer_ids, lr_factor
 from tasks.seq2seq.model import Seq2SeqHead
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")

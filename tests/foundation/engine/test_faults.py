@@ -28,7 +28,7 @@ from foundation.config import ConfigError
 from foundation.engine import cli, run_state
 from foundation.engine.failure import EXIT_CODES, DiskFull, RunDirInUse, WriteFailed, write_failure
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 
 pytestmark = pytest.mark.usefixtures("one_thread")

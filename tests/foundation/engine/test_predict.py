@@ -22,7 +22,7 @@ from foundation.engine.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 # every run: the shipped tiny config of its task, shrunk to a couple of steps of a tiny model
 TINY = ["backbone.dim=16", "backbone.depth=1", "backbone.heads=2", "backbone.ffn_dim=32", "train.steps=2",
         "eval.every=0", "eval.max_batches=1", "eval.batch_size=4", "save.every=0", "log.progress=false",
