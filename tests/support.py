@@ -19,3 +19,36 @@ def perturb_layernorms(model: nn.Module, seed: int = 1, tokens: bool = False) ->
             for name, p in model.named_parameters():
                 if name.endswith(("cls_token", "mask_token")):
                     p.copy_(torch.randn(p.shape, generator=g))
+
+
+def run_config(cfg: dict, *overrides: str):
+    """Train a config given as a dict, with ``key=value`` overrides, as ``foundation train`` does."""
+    from omegaconf import OmegaConf
+
+    from foundation.engine.config import apply_override, resolve
+    from foundation.engine.loop import train
+
+    raw = OmegaConf.create(cfg)
+    for o in overrides:
+        apply_override(raw, o)
+    return train(*resolve(raw))
+
+
+def read_records(run_dir) -> list[dict]:
+    """A run's metrics.jsonl, one dict a line."""
+    import json
+    from pathlib import Path
+
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def write_vision_demo(parent, train_per_class: int = 8, val_per_class: int = 4):
+    """A tiny ImageNet-layout folder under ``parent``: 3 classes of 16 px demo images."""
+    from pathlib import Path
+
+    from tasks.classification import demo
+
+    root = Path(parent) / "demo"
+    demo.write_dataset(root, seed=0, size=16, train_per_class=train_per_class, val_per_class=val_per_class,
+                       num_classes=3)
+    return root

@@ -112,7 +112,7 @@ class Classification(ImageFolderTask):
     def adapt_init(self, name, tensor, target):
         """A front end pretrained at another resolution: positions resized to this grid."""
         return adapt_vision_init(name, tensor, target, [self.cfg.img_size // self.cfg.patch_size] * 2,
-                                 ClassificationHead.num_prefix_tokens)
+                                 prefix_tokens=1)  # the class token
 
     def dataset(self, split: str, train: bool) -> ImageFolderDataset:
         c = self.cfg

@@ -4,30 +4,15 @@ each made once per session; tests that break one copy it), and running the engin
 dict as ``foundation train`` does."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
+from support import read_records as _records, run_config as _run, write_vision_demo
 from tasks.asr.demo import VOICES, make_corpus
 
 VISION_BACKBONE = {"dim": 32, "depth": 2, "heads": 2, "ffn_dim": 64}
 VISION_IMAGE = {"img_size": 16, "patch_size": 4}
-
-
-def _run(cfg: dict, *overrides: str):
-    from foundation.engine.config import apply_override, resolve
-    from foundation.engine.loop import train
-
-    raw = OmegaConf.create(cfg)
-    for o in overrides:
-        apply_override(raw, o)
-    return train(*resolve(raw))
-
-
-def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def _vision_config(out: Path, name: str, task: dict, norm: str = "magneto", **sections) -> dict:
@@ -60,11 +45,7 @@ def vision_config():
 @pytest.fixture(scope="session")
 def vision_data(tmp_path_factory) -> Path:
     """A tiny ImageNet-layout folder: 3 classes of 16 px images."""
-    from tasks.classification import demo
-
-    root = tmp_path_factory.mktemp("vision") / "demo"
-    demo.write_dataset(root, seed=0, size=16, train_per_class=8, val_per_class=4, num_classes=3)
-    return root
+    return write_vision_demo(tmp_path_factory.mktemp("vision"))
 
 
 @pytest.fixture(scope="session")

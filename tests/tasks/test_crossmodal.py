@@ -19,6 +19,7 @@ from foundation.engine.init import load_init_from
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import build_optimizer
 from foundation.multiway import adapt_state, state_experts
+from support import write_vision_demo
 
 REPO = Path(__file__).resolve().parents[2]
 BACKBONE = {"dim": 16, "depth": 2, "heads": 2, "ffn_dim": 32, "rel_pos": "1d"}
@@ -44,11 +45,7 @@ def vl(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def vision(tmp_path_factory) -> Path:
-    from tasks.classification import demo
-
-    root = tmp_path_factory.mktemp("vision") / "demo"
-    demo.write_dataset(root, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
-    return root
+    return write_vision_demo(tmp_path_factory.mktemp("vision"), train_per_class=4, val_per_class=2)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from foundation.engine.distributed import Env
 from foundation.engine.loop import train
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import build_optimizer, build_scheduler, layer_ids, lr_factor
+from support import read_records as records, run_config as run
 from tasks.seq2seq.model import Seq2SeqHead
 
 REPO = Path(__file__).resolve().parents[3]
@@ -50,17 +51,6 @@ def tiny_config(tmp_path: Path, **sections) -> dict:
     for k, v in sections.items():
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
     return cfg
-
-
-def run(cfg: dict, *overrides: str):
-    raw = OmegaConf.create(cfg)
-    for o in overrides:
-        apply_override(raw, o)
-    return train(*resolve(raw))
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def train_losses(run_dir: Path) -> dict[int, float]:
