@@ -244,7 +244,8 @@ class BackboneConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "backbone config") -> "BackboneConfig":
-        return build(cls, data, where=where)
+        """A saved backbone config (a model file's, a run's)."""
+        return build(cls, saved_backbone_fields(data), where=where)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "BackboneConfig":
@@ -261,6 +262,16 @@ class BackboneConfig:
 
     def replace(self, **changes: Any) -> "BackboneConfig":
         return build(BackboneConfig, {**self.to_dict(), **changes}, where="backbone config")
+
+
+def saved_backbone_fields(data: Any) -> Any:
+    """Backbone fields as files saved before ``final_norm`` became optional wrote them: every
+    post-norm run stored ``final_norm: true``, which that rule never applied; read as the rule's own."""
+    if isinstance(data, dict) or hasattr(data, "keys"):
+        norm = data.get("norm", "magneto")
+        if data.get("final_norm") is True and norm in RULES and not RULES[norm].pre_norm:
+            return {**data, "final_norm": None}
+    return data
 
 
 # Sizes follow the ViT tables (tiny/small/base/large); the two normalisation presets

@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 from torch import nn
 
 from foundation import checkpoint
-from foundation.config import BackboneConfig, build
+from foundation.config import BackboneConfig, build, saved_backbone_fields
 from foundation.engine.config import REMOVED_TASK_FIELDS, task_specs
 from foundation.engine.task import SharedModules, Task
 from foundation.transformer import Backbone
@@ -27,6 +27,8 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "model config") -> "ModelConfig":
+        if isinstance(data, dict) and "backbone" in data:
+            data = {**data, "backbone": saved_backbone_fields(data["backbone"])}
         cfg = build(cls, data, where=where)
         # files saved before init_from was the one way to start from a file name the old
         # fields; their weights are in the file, so the fields mean nothing here
