@@ -22,7 +22,10 @@ to look at the image. Generated from it:
 
 Every question family and statement kind has templates seen in training and held-out
 templates that appear only in the evaluation split (half of its questions use one); the
-``question_type`` of those starts with the held-out wording. Everything is a pure function
+``question_type`` of those starts with the held-out wording. As in VQA v2, whose validation
+questions use the training questions' vocabulary, a held-out template is a new phrasing of
+words the training templates use. Count questions draw their answer uniformly from the
+counts the scene allows (so "1" is not most of the answers), in the spirit of VQA v2's balancing. Everything is a pure function
 of (seed, split, index): the same seed writes the same files on any machine.
 """
 from __future__ import annotations
@@ -127,28 +130,39 @@ def relation(a: Obj, b: Obj, rel: str, radius: float) -> bool | None:
 
 # --------------------------------------------------------------------------- VQA questions
 
-# (family, train templates, held-out templates); {x} is a plural noun phrase
+# (family, train templates, held-out templates); {x} is a plural noun phrase. As in VQA v2,
+# whose validation questions use the training questions' words, a held-out template is a new
+# phrasing made of words the training templates use (a model learns the words, never the phrasing).
 QUESTION_TEMPLATES = {
-    "count": (["How many {x} are there?", "How many {x} are in the picture?"], ["What is the number of {x}?"]),
-    "color": (["What color is the {shape}?", "What is the color of the {shape}?"], ["Which color does the {shape} have?"]),
-    "shape": (["What shape is the {color} object?", "What is the shape of the {color} thing?"],
-              ["Which shape does the {color} object have?"]),
-    "exist": (["Is there a {color} {shape}?", "Are there any {color} {shape}s?"], ["Does the picture contain a {color} {shape}?"]),
-    "spatial": (["Is the {a} {rel} the {b}?", "Is the {a} located {rel} the {b}?"], ["Would you say the {a} is {rel} the {b}?"]),
+    "count": (["How many {x} are there?", "How many {x} are in the picture?", "What is the number of {x} in the image?",
+               "How many {x} does the image show?"], ["In the picture, how many {x} are there?"]),
+    "color": (["What color is the {shape}?", "What is the color of the {shape}?", "Which color does the {shape} have?",
+               "What color does the {shape} in the image have?"], ["The {shape} in the picture is which color?"]),
+    "shape": (["What shape is the {color} object?", "What is the shape of the {color} thing?",
+               "Which shape does the {color} object have?", "What is the shape of the {color} object in the image?"],
+              ["What shape does the {color} thing in the picture have?"]),
+    "exist": (["Is there a {color} {shape}?", "Are there any {color} {shape}s?", "Does the picture contain a {color} {shape}?",
+               "Is there a {color} {shape} in the image?"], ["Does the image show any {color} {shape}s?"]),
+    "spatial": (["Is the {a} {rel} the {b}?", "Is the {a} located {rel} the {b}?", "Would you say the {a} is {rel} the {b}?",
+                 "In the image, is the {a} {rel} the {b}?"], ["In the picture, is the {a} located {rel} the {b}?"]),
 }
 ANSWER_TYPES = {"count": "number", "color": "other", "shape": "other", "exist": "yes/no", "spatial": "yes/no"}
 
 
 def _noun(rng, objs: list[Obj]) -> tuple[str, int]:
-    """A plural noun phrase and how many objects it covers (mostly present ones)."""
-    pool = objs if rng.random() < 0.8 else [Obj(str(rng.choice(list(COLORS))), str(rng.choice(SHAPES)), 0, 0)]
-    o = pool[int(rng.integers(len(pool)))]
-    kind = int(rng.integers(3))
-    if kind == 0:
-        return f"{o.color} objects", count(objs, color=o.color)
-    if kind == 1:
-        return f"{o.shape}s", count(objs, shape=o.shape)
-    return f"{o.color} {o.shape}s", count(objs, o.color, o.shape)
+    """A plural noun phrase and how many objects it covers, the count drawn uniformly from the
+    counts this scene's phrases can have (as VQA v2 balances answers: "1" is not most of them)."""
+    phrases: dict[str, int] = {}
+    for c in COLORS:
+        phrases[f"{c} objects"] = count(objs, color=c)
+        for s in SHAPES:
+            phrases[f"{c} {s}s"] = count(objs, c, s)
+    for s in SHAPES:
+        phrases[f"{s}s"] = count(objs, shape=s)
+    answers = sorted(set(phrases.values()))
+    n = answers[int(rng.integers(len(answers)))]
+    names = sorted(p for p, k in phrases.items() if k == n)
+    return names[int(rng.integers(len(names)))], n
 
 
 def question(rng, objs: list[Obj], family: str, held_out: bool, radius: float) -> tuple[str, str] | None:
@@ -318,15 +332,16 @@ def _covered(objs: list[Obj], o: Obj, kind: int) -> int:
     return count(objs, *[(o.color, o.shape), (None, o.shape), (o.color, None)][kind])
 
 
-STATEMENTS = {  # (train templates, held-out templates)
-    "exact": (["The {side} image contains exactly {n} {x}.", "There {be} exactly {n} {x} in the {side} image."],
-              ["Exactly {n} {x} can be seen in the {side} image."]),
+STATEMENTS = {  # (train templates, held-out templates: new phrasings of the training words)
+    "exact": (["The {side} image contains exactly {n} {x}.", "There {be} exactly {n} {x} in the {side} image.",
+               "In the {side} image there {be} exactly {n} {x}."], ["Exactly {n} {x} {be} in the {side} image."]),
     "more": (["There are more {xp} in the left image than in the right image.",
-              "The right image has fewer {xp} than the left image."],
-             ["The left picture shows more {xp} than the right picture."]),
-    "both": (["Both images contain a {xs}.", "Each image has at least one {xs}."], ["A {xs} appears in both images."]),
-    "total": (["There are {n} {x} in total.", "In total, the two images contain {n} {x}."],
-              ["Altogether {n} {x} are visible."]),
+              "The right image has fewer {xp} than the left image.", "The left image has more {xp} than the right image."],
+             ["The right image contains fewer {xp} than the left image."]),
+    "both": (["Both images contain a {xs}.", "Each image has at least one {xs}.", "There is a {xs} in each image."],
+             ["In both images there is at least one {xs}."]),
+    "total": (["There are {n} {x} in total.", "In total, the two images contain {n} {x}.",
+               "The two images contain {n} {x} in total."], ["In total there are {n} {x} in the two images."]),
 }
 
 

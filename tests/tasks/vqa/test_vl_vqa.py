@@ -2,12 +2,13 @@
 the file and the record), the fine-tuning checks of VQA and NLVR2, and the demo data generator."""
 import itertools
 import json
+import re
 
 import pytest
 
 from foundation.config import ConfigError
 from tasks.vl_common.images import DataError
-from tasks.vqa.demo import QUESTION_TEMPLATES, STATEMENTS
+from tasks.vqa.demo import QUESTION_TEMPLATES, STATEMENTS, is_held_out
 from tasks.vqa.metrics import (
     SOFT_SCORES, evaluate_results, normalize_answer, soft_score, vqa_accuracy, write_results,
 )
@@ -89,6 +90,13 @@ def test_demo_layouts_and_determinism(demo, write_vl_demo, vl_demo_sizes):
     held_statements = {t.split("{")[0] for _, (_, h) in STATEMENTS.items() for t in h}
     train_s = [json.loads(l) for l in (demo / "nlvr2/data/train.json").read_text().splitlines()]
     assert not any(s["sentence"].startswith(p) for s in train_s for p in held_statements)
+    # a held-out phrasing is new, its words are not (as VQA v2's validation questions)
+    assert not any(is_held_out(x["question"]) for x in train_q) and any(is_held_out(x["question"]) for x in q)
+    assert not any(is_held_out(s["sentence"]) for s in train_s)
+    vocabulary = lambda texts: {w for t in texts for w in re.findall(r"[a-z]+", t.lower())}  # noqa: E731
+    for table in (QUESTION_TEMPLATES, STATEMENTS):
+        train_words = vocabulary(t for seen, _ in table.values() for t in seen)
+        assert vocabulary(t for _, held in table.values() for t in held) <= train_words
     assert {s["label"] for s in train_s} == {"True", "False"} and all("directory" in s for s in train_s)
     left = train_s[0]["identifier"].rsplit("-", 1)[0]
     assert (demo / f"nlvr2/images/train/{train_s[0]['directory']}/{left}-img1.png").is_file()
@@ -176,3 +184,22 @@ def test_finetune_check_names_field_and_path(demo, tmp_path):
     next(copy.glob("*val2014_annotations.json")).unlink()  # after the answer vocabulary was read
     with pytest.raises(ConfigError, match=r"field 'annotation_dir': .*val2014_annotations\.json not found"):
         VQA(cfg, backbone).check()
+
+
+def test_demo_count_answers_are_balanced():
+    import numpy as np
+
+    from tasks.vqa.demo import Obj, _noun
+
+    scene = [Obj("red", "circle", 0.2, 0.2), Obj("red", "square", 0.5, 0.5), Obj("blue", "circle", 0.8, 0.8)]
+    rng = np.random.default_rng(0)
+    drawn = [_noun(rng, scene) for _ in range(3000)]
+    for phrase, n in drawn[:50]:  # the count is the scene's
+        color, _, shape = phrase.rpartition(" ")
+        shape = shape.rstrip("s")
+        if shape == "object":
+            assert n == sum(o.color == color for o in scene)
+        else:
+            assert n == sum(o.shape == shape and color in ("", o.color) for o in scene)
+    counts = np.bincount([n for _, n in drawn])  # achievable here: 0, 1, 2 - each about a third
+    assert len(counts) == 3 and counts.min() > 800

@@ -1,0 +1,244 @@
+"""A plain reference for the VL demo: a small CNN on the image, a GRU over the question's
+words, FiLM fusion, a plain PyTorch loop. Same data, splits and budget (steps x batch) as
+the tiny BEiT-3 recipes, so a plateau of ours that the reference does not share points at
+our pipeline or recipe, and one it shares points at the data or the budget.
+
+    python benchmarks/vl_reference.py vqa /work/bl/data/vl/vqa --steps 250 --seed 0
+    python benchmarks/vl_reference.py nlvr2 /work/bl/data/vl/nlvr2 --steps 200 --batch-size 16
+    python benchmarks/vl_reference.py vqa DIR/vqa --fusion concat     # late fusion (pooled image ++ question)
+
+Deliberately independent of the project's pipeline: its own json reading, a word-level
+vocabulary of the training split (unseen words -> <unk>), PIL images scaled to [-1, 1],
+AdamW with linear warmup + cosine decay. VQA: BCE on the soft scores over the majority
+answers of the training split, the official accuracy (``tasks.vqa.metrics``); NLVR2: each
+image through the FiLM'd CNN with the sentence, the two pooled features concatenated, a
+True / False MLP. Prints accuracy on the held-out split, on its seen / held-out-template
+items (``tasks.vqa.demo.is_held_out``), and with the images permuted within the split
+(a model that ignores the images scores the same).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from PIL import Image  # noqa: E402
+from torch import nn  # noqa: E402
+
+from tasks.vqa.demo import is_held_out  # noqa: E402
+from tasks.vqa.metrics import normalize_answer, soft_score, vqa_accuracy  # noqa: E402
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+class Vocab:
+    def __init__(self, texts: list[str]):
+        self.index = {"<pad>": 0, "<unk>": 1}
+        for t in texts:
+            for w in words(t):
+                self.index.setdefault(w, len(self.index))
+
+    def encode(self, texts: list[str]) -> torch.Tensor:
+        seqs = [[self.index.get(w, 1) for w in words(t)] or [1] for t in texts]
+        out = torch.zeros(len(seqs), max(map(len, seqs)), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            out[i, :len(s)] = torch.tensor(s)
+        return out
+
+
+def load_images(paths: list[Path]) -> torch.Tensor:
+    arr = np.stack([np.asarray(Image.open(p).convert("RGB"), dtype=np.float32) for p in paths])
+    return torch.from_numpy(arr).permute(0, 3, 1, 2) / 127.5 - 1
+
+
+# --------------------------------------------------------------------------- data
+
+
+def vqa_split(root: Path, split: str) -> dict:
+    qs = json.loads((root / f"v2_OpenEnded_mscoco_{split}_questions.json").read_text())["questions"]
+    anns = {a["question_id"]: a for a in json.loads((root / f"v2_mscoco_{split}_annotations.json").read_text())["annotations"]}
+    ids = sorted({q["image_id"] for q in qs})
+    row = {i: k for k, i in enumerate(ids)}
+    return {"images": load_images([root / split / f"COCO_{split}_{i:012d}.jpg" for i in ids]),
+            "image": torch.tensor([row[q["image_id"]] for q in qs]),
+            "text": [q["question"] for q in qs],
+            "answers": [[a["answer"] for a in anns[q["question_id"]]["answers"]] for q in qs],
+            "majority": [normalize_answer(anns[q["question_id"]]["multiple_choice_answer"]) for q in qs]}
+
+
+def nlvr2_split(root: Path, split: str) -> dict:
+    recs = [json.loads(l) for l in (root / "data" / f"{split}.json").read_text().splitlines() if l.strip()]
+    folder = (lambda r: root / "images" / "train" / str(r["directory"])) if split == "train" else (lambda r: root / split)
+    pairs = sorted({(str(folder(r)), r["identifier"].rsplit("-", 1)[0]) for r in recs})
+    row = {p[1]: k for k, p in enumerate(pairs)}
+    paths = [Path(d) / f"{prefix}-img{s}.png" for d, prefix in pairs for s in (0, 1)]
+    images = load_images(paths).reshape(len(pairs), 2, 3, *load_images(paths[:1]).shape[-2:])
+    return {"images": images, "image": torch.tensor([row[r["identifier"].rsplit("-", 1)[0]] for r in recs]),
+            "text": [r["sentence"] for r in recs], "label": torch.tensor([r["label"] == "True" for r in recs]).long()}
+
+
+# --------------------------------------------------------------------------- model
+
+
+class FiLMNet(nn.Module):
+    """CNN (coordinates appended) whose last blocks are FiLM'd by the text's GRU state, or
+    (``fusion="concat"``) a CNN pooled on its own, concatenated with the text state."""
+
+    def __init__(self, vocab: int, out: int, dim: int = 64, fusion: str = "film"):
+        super().__init__()
+        self.fusion = fusion
+        self.embed = nn.Embedding(vocab, dim, padding_idx=0)
+        self.gru = nn.GRU(dim, dim, batch_first=True)
+        self.stem = nn.Sequential(nn.Conv2d(5, dim, 3, 2, 1), nn.BatchNorm2d(dim), nn.ReLU(),
+                                  nn.Conv2d(dim, dim, 3, 2, 1), nn.BatchNorm2d(dim), nn.ReLU())
+        self.blocks = nn.ModuleList(nn.Conv2d(dim + 2, dim, 3, 1, 1) for _ in range(2))
+        self.norms = nn.ModuleList(nn.BatchNorm2d(dim, affine=False) for _ in range(2))
+        self.film = nn.Linear(dim, 4 * dim)
+        self.head = nn.Sequential(nn.Linear(dim if fusion == "film" else 2 * dim, 2 * dim), nn.ReLU(),
+                                  nn.Linear(2 * dim, out))
+
+    @staticmethod
+    def coords(x: torch.Tensor) -> torch.Tensor:
+        B, _, H, W = x.shape
+        ys = torch.linspace(-1, 1, H).view(1, 1, H, 1).expand(B, 1, H, W)
+        xs = torch.linspace(-1, 1, W).view(1, 1, 1, W).expand(B, 1, H, W)
+        return torch.cat([x, xs, ys], 1)
+
+    def text(self, ids: torch.Tensor) -> torch.Tensor:
+        lengths = (ids != 0).sum(1).clamp(min=1)
+        packed = nn.utils.rnn.pack_padded_sequence(self.embed(ids), lengths, batch_first=True, enforce_sorted=False)
+        return self.gru(packed)[1][0]
+
+    def features(self, images: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        x = self.stem(self.coords(images))
+        film = self.film(q).view(q.shape[0], 2, 2, -1) if self.fusion == "film" else None
+        for k, (conv, norm) in enumerate(zip(self.blocks, self.norms)):
+            h = norm(conv(self.coords(x)))
+            if film is not None:
+                h = h * (1 + film[:, k, 0, :, None, None]) + film[:, k, 1, :, None, None]
+            x = x + F.relu(h)
+        pooled = x.amax((2, 3))
+        return pooled if self.fusion == "film" else torch.cat([pooled, q], 1)
+
+    def forward(self, images: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(images, self.text(ids)))
+
+
+class NLVR2Net(nn.Module):
+    def __init__(self, vocab: int, dim: int = 64, fusion: str = "film"):
+        super().__init__()
+        self.net = FiLMNet(vocab, 2, dim, fusion)
+        width = dim if fusion == "film" else 2 * dim
+        self.head = nn.Sequential(nn.Linear(2 * width, 2 * dim), nn.ReLU(), nn.Linear(2 * dim, 2))
+
+    def forward(self, pair: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        q = self.net.text(ids)
+        left, right = self.net.features(pair[:, 0], q), self.net.features(pair[:, 1], q)
+        return self.head(torch.cat([left, right], 1))
+
+
+# --------------------------------------------------------------------------- train / evaluate
+
+
+def lr_at(step: int, steps: int, warmup: int, lr: float) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+
+def train(a: argparse.Namespace) -> dict:
+    torch.manual_seed(a.seed)
+    root = Path(a.data)
+    if a.task == "vqa":
+        tr, va = vqa_split(root, a.train_split or "train2014"), vqa_split(root, a.eval_split or "val2014")
+        counts = Counter(tr["majority"])
+        answers = sorted(counts, key=lambda x: (-counts[x], x))
+        index = {x: i for i, x in enumerate(answers)}
+        target = torch.zeros(len(tr["text"]), len(answers))
+        for row, ans in enumerate(tr["answers"]):
+            for x, n in Counter(normalize_answer(y) for y in ans).items():
+                if x in index:
+                    target[row, index[x]] = soft_score(n)
+    else:
+        tr, va = nlvr2_split(root, a.train_split or "train"), nlvr2_split(root, a.eval_split or "dev")
+    vocab = Vocab(tr["text"])
+    tr_ids, va_ids = vocab.encode(tr["text"]), vocab.encode(va["text"])
+    model = FiLMNet(len(vocab.index), len(answers), a.dim, a.fusion) if a.task == "vqa" else \
+        NLVR2Net(len(vocab.index), a.dim, a.fusion)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    g = torch.Generator().manual_seed(a.seed)
+    start, n = time.time(), len(tr["text"])
+    for step in range(a.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, a.steps, a.warmup, a.lr)
+        b = torch.randint(n, (a.batch_size,), generator=g)
+        logits = model(tr["images"][tr["image"][b]], tr_ids[b])
+        if a.task == "vqa":
+            loss = F.binary_cross_entropy_with_logits(logits, target[b], reduction="none").sum(1).mean()
+        else:
+            loss = F.cross_entropy(logits, tr["label"][b])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if a.log_every and (step + 1) % a.log_every == 0:
+            print(f"step {step + 1}: loss {loss.item():.4f}", flush=True)
+    seconds = time.time() - start
+
+    @torch.no_grad()
+    def evaluate(image_rows: torch.Tensor) -> list[float]:
+        model.eval()
+        out = []
+        for i in range(0, len(va["text"]), 256):
+            logits = model(va["images"][image_rows[i:i + 256]], va_ids[i:i + 256])
+            if a.task == "vqa":
+                out += [vqa_accuracy(answers[k], va["answers"][i + j]) for j, k in enumerate(logits.argmax(1).tolist())]
+            else:
+                out += (logits.argmax(1) == va["label"][i:i + 256]).float().tolist()
+        model.train()
+        return out
+
+    scores = evaluate(va["image"])
+    shuffled = evaluate(va["image"][torch.randperm(len(va["image"]), generator=torch.Generator().manual_seed(123))])
+    held = [is_held_out(t) for t in va["text"]]
+    mean = lambda xs: 100 * sum(xs) / max(1, len(xs))  # noqa: E731
+    return {"accuracy": mean(scores), "seen": mean([s for s, h in zip(scores, held) if not h]),
+            "held_out": mean([s for s, h in zip(scores, held) if h]), "shuffled": mean(shuffled), "seconds": seconds}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python benchmarks/vl_reference.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("task", choices=["vqa", "nlvr2"])
+    p.add_argument("data", help="the demo's vqa/ or nlvr2/ directory")
+    p.add_argument("--steps", type=int, default=250)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=25)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--fusion", choices=["film", "concat"], default="film")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--train-split")
+    p.add_argument("--eval-split")
+    p.add_argument("--log-every", type=int, default=0)
+    a = p.parse_args(argv)
+    torch.set_num_threads(1)
+    r = train(a)
+    print(f"{a.task} reference ({a.fusion}, {a.steps} steps of {a.batch_size}, seed {a.seed}): "
+          f"accuracy {r['accuracy']:.1f} (seen {r['seen']:.1f} / held-out {r['held_out']:.1f}), "
+          f"images shuffled {r['shuffled']:.1f}; {r['seconds']:.0f} s training")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
