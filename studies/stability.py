@@ -159,7 +159,7 @@ def study(plans: Sequence[TaskPlan], out: Path, norms: Sequence[str], seeds: Seq
                 return 2
             plan.runners[depth] = runner
             runner.primary, runner.higher = primary, higher
-            work += [(depth * plan.steps * plan.recipe.minutes / max(plan.recipe.steps, 1), plan, depth, runner, s)
+            work += [(depth * plan.steps, plan, depth, runner, s)  # a step of the narrow models costs about the same
                      for s in specs]
     work.sort(key=lambda w: -w[0])  # longest first, so that the jobs end together
     say(f"{len(work)} runs ({', '.join(f'{p.recipe.task} {len(p.depths) * len(p.lrs) * len(norms) * len(seeds)}' for p in plans)}), "

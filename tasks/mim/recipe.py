@@ -2,7 +2,7 @@
 from foundation.engine.recipe import Recipe
 
 RECIPE = Recipe(
-    task="mim", config="configs/vision/tiny_mim_{norm}.yaml", metric="mim_acc", scale=100, rank=6,
+    task="mim", config="configs/vision/tiny_mim_{norm}.yaml", metric="mim_acc", scale=100, rank=1,
     label="MIM pretraining (masked visual-token accuracy %)", data="vision",
     data_override="tasks.mim.data_dir={root}",
     # the visual tokenizer its targets come from: trained once per study, its weights handed over
