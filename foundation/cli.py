@@ -20,6 +20,8 @@ COMMANDS = [
      "one recipe under several norms x seeds x lrs, one report: foundation compare CONFIG"),
     (("compare", "depth"), "studies.depth:main",
      "DeepNet's convergence with varying depth in miniature: foundation compare depth [--thousand]"),
+    (("compare", "stability"), "studies.stability:main",
+     "learning-rate ladders of deep narrow models per modality and rule: foundation compare stability [--quick]"),
     (("compare", "pretraining"), "studies.pretraining:main",
      "cross-modal against single-modality pretraining per task: foundation compare pretraining [--seeds N]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),

@@ -39,10 +39,39 @@ DEFAULT_NORMS = ("preln", "magneto")
 REPORT_LOCK = threading.Lock()  # pyplot is not thread-safe: `foundation demo` runs comparisons in threads
 
 
+def norm_presets() -> dict[str, dict]:
+    """The named normalisation presets (foundation.config.PRESETS entries that set a rule:
+    foundation_ln, upscale_ln) -> their backbone fields."""
+    from foundation.config import PRESETS
+
+    return {name: fields for name, fields in PRESETS.items() if "norm" in fields}
+
+
+def known_norms() -> list[str]:
+    """What --norms accepts: the four rules and the presets built on them."""
+    from foundation.scaling import NORMS
+
+    return [*NORMS, *norm_presets()]
+
+
+def rule_of(norm: str) -> str:
+    """The rule under a --norms name (a preset's own rule): what a config pattern's {norm} names."""
+    return norm_presets().get(norm, {}).get("norm", norm)
+
+
+def norm_overrides(norm: str) -> list[str]:
+    """The one place a --norms name becomes overrides: a rule sets backbone.norm; a preset sets
+    its fields (foundation_ln: postln + residual_scale 0.974; upscale_ln: deepnorm + init_gain 1.0)."""
+    preset = norm_presets().get(norm)
+    if preset is None:
+        return [f"backbone.norm={norm}"]
+    return [f"backbone.{k}={v}" for k, v in preset.items()]
+
+
 def grid(norms: Sequence[str], seeds: Sequence[int], lrs: Sequence[float]) -> list[RunSpec]:
     """norm-major, then lr, then seed: the runs of one norm finish together."""
     return [RunSpec(f"{norm}_lr{fmt_lr(lr)}_seed{seed}", norm, seed, lr,
-                    overrides=[f"backbone.norm={norm}", f"seed={seed}", f"optim.lr={lr!r}"])
+                    overrides=[*norm_overrides(norm), f"seed={seed}", f"optim.lr={lr!r}"])
             for norm in norms for lr in lrs for seed in seeds]
 
 
@@ -94,12 +123,13 @@ class Runner:
     def run(self, specs: Sequence[RunSpec]) -> Optional[list[Outcome]]:
         """Every run's outcome; None, once said, when Ctrl-C ended the comparison."""
         try:
-            return [self._one(i, spec, len(specs)) for i, spec in enumerate(specs, 1)]
+            return [self.one(i, spec, len(specs)) for i, spec in enumerate(specs, 1)]
         except KeyboardInterrupt:
             print("\ninterrupted; the same command resumes the comparison", file=sys.stderr)
             return None
 
-    def _one(self, i: int, spec: RunSpec, total: int) -> Outcome:
+    def one(self, i: int, spec: RunSpec, total: int) -> Outcome:
+        """Bring one run to its end (trained, resumed or skipped) and judge it; [i/total] in its messages."""
         run_dir = self.out / "runs" / spec.name
         head = f"[{i}/{total}] {spec.name}"
         start = time.perf_counter()
@@ -117,14 +147,13 @@ class Runner:
 
 
 def parse_norms(text: str) -> list[str]:
-    from foundation.scaling import NORMS
-
+    known = known_norms()
     norms = [t.strip() for t in text.split(",") if t.strip()]
     if not norms:
         raise ValueError("--norms: give at least one norm")
     for n in norms:
-        if n not in NORMS:
-            raise ValueError(f"--norms: unknown norm {n!r}; known: {', '.join(NORMS)}")
+        if n not in known:
+            raise ValueError(f"--norms: unknown norm {n!r}; known: {', '.join(known)}")
     if len(set(norms)) != len(norms):
         raise ValueError(f"--norms: a norm is listed twice: {text}")
     return norms
@@ -232,7 +261,9 @@ def main(argv: Sequence[str]) -> int:
                     "--help`: cross-modal against single-modality pretraining per task.")
     p.add_argument("config", help="a `foundation train` YAML config (see configs/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides for every run, e.g. train.steps=200")
-    p.add_argument("--norms", default=",".join(DEFAULT_NORMS), help="comma-separated (default preln,magneto)")
+    p.add_argument("--norms", default=",".join(DEFAULT_NORMS),
+                   help="comma-separated rules (postln, preln, deepnorm, magneto) or presets (foundation_ln, "
+                        "upscale_ln) (default preln,magneto)")
     p.add_argument("--seeds", default="1", help="a count (from the config's seed) or a comma-separated list (default 1)")
     p.add_argument("--lrs", default=None, help="comma-separated peak learning rates (default: the config's optim.lr)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/compare-<config name>)")

@@ -33,13 +33,14 @@ DATA_DIRS = {"vision": "vision-demo", "segmentation": "ade-demo", "speech": "spe
 
 
 def stages() -> list[Recipe]:
-    """The demo's stages: every task recipe (tasks/<task>/recipe.py) with demo data, in table order.
+    """The demo's stages: every task recipe (tasks/<task>/recipe.py) with demo data and demo steps, in
+    table order.
 
     Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
     runs at a time: 2 x (5.5 + 3 + 2 + 0.75 + 0.75) run-minutes on idle cores (``minutes``), ~12 min."""
     from studies.recipes import recipes
 
-    return [r for r in recipes() if r.data]
+    return [r for r in recipes() if r.data and r.steps]
 
 
 def data_overrides(stage: Recipe, data: Path) -> list[str]:

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from foundation.config import ConfigError
-from studies.compare import OWNED, Runner, check_overrides, common_flags, parse_ints, parse_norms, parse_seeds, \
-    rules_from_args
+from studies.compare import OWNED, Runner, check_overrides, common_flags, norm_overrides, parse_ints, parse_norms, \
+    parse_seeds, rules_from_args
 from studies.plots import plot_curves, plot_depth, plot_training
 from studies.report import depth_table, metrics_table, runs_table, write_json
 from studies.verdict import Rules, RunSpec, summarize
@@ -35,7 +35,7 @@ DEPTHS = (6, 18, 50, 100)
 
 def depth_grid(norms: Sequence[str], depths: Sequence[int], seeds: Sequence[int], lr: float) -> list[RunSpec]:
     return [RunSpec(f"{norm}_{depth}L_seed{seed}", norm, seed, lr, depth,
-                    overrides=[f"backbone.norm={norm}", f"seed={seed}", f"backbone.depth={depth}",
+                    overrides=[*norm_overrides(norm), f"seed={seed}", f"backbone.depth={depth}",
                                f"backbone.decoder_depth={depth}"])
             for norm in norms for depth in depths for seed in seeds]
 
@@ -84,8 +84,8 @@ def main(argv: Sequence[str]) -> int:
                     "metric and loss against depth (OUT/depth.png) and writes OUT/report.md.")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides of the recipe for every run, e.g. backbone.dim=32 tasks.0.problem=sort")
-    p.add_argument("--norms", default=None, help="comma-separated (default postln,preln,deepnorm,magneto; "
-                                                 "--thousand: deepnorm,magneto)")
+    p.add_argument("--norms", default=None, help="comma-separated rules or presets (foundation_ln, upscale_ln) "
+                                                 "(default postln,preln,deepnorm,magneto; --thousand: deepnorm,magneto)")
     p.add_argument("--depths", default=None, help="comma-separated N for NL-NL (default 6,18,50,100)")
     p.add_argument("--steps", type=int, default=None,
                    help=f"training steps per run (default {DEPTH_RECIPE['train']['steps']}; --thousand: {THOUSAND['steps']})")

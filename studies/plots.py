@@ -13,7 +13,8 @@ from typing import Any, Callable, Sequence
 from studies.runs import eval_series, read_records, train_losses
 from studies.verdict import Outcome
 
-NORM_COLORS = {"postln": "tab:red", "preln": "tab:blue", "deepnorm": "tab:green", "magneto": "tab:purple"}
+NORM_COLORS = {"postln": "tab:red", "preln": "tab:blue", "deepnorm": "tab:green", "magneto": "tab:purple",
+               "foundation_ln": "tab:orange", "upscale_ln": "tab:olive"}
 
 
 def pyplot():
@@ -290,3 +291,57 @@ def plot_depth(summary: dict, path: Path, primary: str, norms: Sequence[str], de
     plt.close(fig)
     return path
 
+
+
+def plot_ladder(panels: Sequence[tuple], norms: Sequence[str], path: Path) -> Path:
+    """``foundation compare stability``'s figure: one panel per (task, depth) - ``panels`` of
+    (title, summary {(norm, lr): ...}, metric key, scale, higher_is_better, lrs, depth) - the
+    final metric against the peak lr (log x), one line per rule; a diverged setting is an x on
+    the panel's floor (the worst end of its axis), a setting that did not converge a hollow marker."""
+    plt = pyplot()
+    from matplotlib.lines import Line2D
+
+    cols = min(4, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows + 0.5), squeeze=False)
+    for ax, (title, summary, key, scale, higher, lrs, _) in zip(axes.flat, panels):
+        finite = [s["metrics"][key]["mean"] * scale for s in summary.values()
+                  if key and key in s["metrics"] and s["verdict"] != "diverged" and math.isfinite(s["metrics"][key]["mean"])]
+        lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+        floor = lo if higher else hi
+        for i, norm in enumerate(norms):
+            color = NORM_COLORS.get(norm)
+            shift = 1.06 ** (i - (len(norms) - 1) / 2)
+            xs, ys, open_, div = [], [], [], []
+            for lr in lrs:
+                s = summary.get((norm, lr))
+                if s is None:
+                    continue
+                m = s["metrics"].get(key) if key else None
+                if s["verdict"] == "diverged":
+                    div.append(lr * shift)
+                elif m is not None and math.isfinite(m["mean"]):
+                    xs.append(lr * shift)
+                    ys.append(m["mean"] * scale)
+                    if s["verdict"] != "converged":
+                        open_.append((lr * shift, m["mean"] * scale))
+            ax.plot(xs, ys, color=color, marker="o", ms=4, lw=1.6, label=norm)
+            if open_:
+                ax.plot(*zip(*open_), ls="none", marker="o", ms=7, mfc="white", mec=color, mew=1.5)
+            if div:
+                ax.plot(div, [floor] * len(div), ls="none", marker="x", ms=9, mew=2.2, color=color)
+        ax.set_xscale("log")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel((key or "metric").split("/")[-1] + ("" if higher else " (lower is better)"), fontsize=8)
+        ax.grid(alpha=0.3, which="both")
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    handles = [Line2D([], [], color=NORM_COLORS.get(n), marker="o", label=n) for n in norms]
+    handles += [Line2D([], [], ls="none", marker="o", mfc="white", mec="grey", mew=1.5, label="not converged"),
+                Line2D([], [], ls="none", marker="x", color="grey", mew=2.2, label="diverged")]
+    fig.legend(handles=handles, loc="upper center", ncol=len(handles), fontsize=8)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

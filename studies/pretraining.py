@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 
 from foundation.config import ConfigError
 from foundation.engine.recipe import Recipe
-from studies.compare import Runner, check_overrides, compare, grid, parse_norms, parse_seeds
+from studies.compare import Runner, check_overrides, compare, grid, norm_overrides, parse_norms, parse_seeds, rule_of
 from studies.compare import write_report as write_cell_report
 from studies.plots import pyplot
 from studies.verdict import Rules, judge
@@ -175,7 +175,7 @@ def main(argv: Sequence[str]) -> int:
         if a.jobs < 1:
             raise ValueError("--jobs must be >= 1")
         check_overrides(a.overrides, ("backbone.norm", "seed", "run_name", "output_dir", "resume", "overwrite"))
-        pre_config = Path(PRETRAIN_CONFIG.format(norm=norm))
+        pre_config = Path(PRETRAIN_CONFIG.format(norm=rule_of(norm)))
         base, specs = load_config(pre_config, a.overrides, check_data=False)
     except (ValueError, ConfigError) as e:
         print(f"foundation compare pretraining: error: {e}", file=sys.stderr)
@@ -210,7 +210,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
               f"(it has {', '.join(all_ids)})", file=sys.stderr)
         return 2
     pre = {r: [*pre_overrides, *pretrain_overrides(pretrain_runs[r], all_ids)] for r in needed}
-    recipe = {ft.task: Path(ft.config.format(norm=norm)) for ft in finetunes}
+    recipe = {ft.task: Path(ft.config.format(norm=rule_of(norm))) for ft in finetunes}
 
     # every recipe resolves (data, tokenizer, overrides) before anything trains, the fine-tuning
     # ones as scratch runs (their init_from files come from the pretraining); each keeps its own
@@ -220,7 +220,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
     for config, overrides in [*((pre_config, o) for o in pre.values()),
                               *((recipe[ft.task], finetune_overrides("scratch", arch, None)) for ft in finetunes)]:
         try:
-            lrs[config] = load_config(config, [*overrides, f"backbone.norm={norm}"])[0].optim.lr
+            lrs[config] = load_config(config, [*overrides, *norm_overrides(norm)])[0].optim.lr
         except ConfigError as e:
             if str(e) not in errors:
                 errors.append(str(e))

@@ -1,7 +1,7 @@
 """What a task declares about its tiny recipe for the studies (``tasks/<task>/recipe.py``).
 
-A task that wants to take part in ``foundation demo`` and ``foundation compare pretraining``
-puts ``RECIPE = Recipe(...)`` in its own ``recipe.py``, next to its configs; the studies find
+A task that wants to take part in ``foundation demo``, ``foundation compare pretraining`` or
+``foundation compare stability`` puts ``RECIPE = Recipe(...)`` in its own ``recipe.py``, next to its configs; the studies find
 it by name (``tasks.<task>.recipe``), so no table elsewhere lists the tasks. Plain data: the
 engine itself never reads it.
 """
@@ -21,13 +21,21 @@ class Recipe:
     # `foundation demo`: a short Pre-LN vs Magneto comparison on the generated demo data
     stage: str = ""  # the demo stage's name ("" = the task's)
     label: str = ""  # the row label of the demo's table
-    data: str = ""  # the `foundation data make` data set it reads ("" = not in the demo)
+    data: str = ""  # the `foundation data make` data set it reads ("" = none: not in the demo)
     data_override: str = ""  # the override pointing the config at that data, {root} = its folder
-    steps: int = 0  # training steps of a demo run
+    steps: int = 0  # training steps of a demo run (0 = not in the demo)
     overrides: tuple[str, ...] = ()  # demo runs: more overrides (e.g. no pretrained weights)
     minutes: float = 1.0  # one demo run on one idle core, measured; longest runs start first
     baseline: str = ""  # what the metric is without learning, shown beside it
     prior: str = ""  # a module with ``answer_prior(data_dir) -> fraction``: the baseline computed from the data
+    # `foundation compare stability`: a deep, narrow version of the recipe over a ladder of peak lrs.
+    # The study sets the depth and a narrow width (studies.stability.NARROW); these refine it.
+    stability_steps: int = 0  # training steps of one run (0: the study's default, studies.stability.STEPS)
+    stability_overrides: tuple[str, ...] = ()  # more overrides of the deep, narrow runs (batch, width, ...)
+    stability_lr: float = 0.0  # the ladder's lowest peak lr (0: the config's optim.lr / 9)
+    stability_depths: tuple[int, ...] = ()  # its depths (): the study's (24, 48 where the budget allows)
+    before: tuple[str, ...] = ()  # a run every run needs first (config, overrides with {root} = data folder),
+    before_override: str = ""  # trained once per study; this override hands it over ({run} = its run directory)
 
     @property
     def stage_name(self) -> str:

@@ -48,3 +48,27 @@ def seq2seq():
 def write_config(tmp_path):
     """``write_config(cfg, name="toy.yaml")``: the config as YAML in tmp_path; its path."""
     return lambda cfg, name="toy.yaml": write_yaml(tmp_path / name, cfg)
+
+
+@pytest.fixture
+def nan_losses(monkeypatch):
+    """``nan_losses(norm, from_call)``: training losses of seq2seq models whose
+    ``backbone.config.norm == norm`` are NaN from their ``from_call``-th training forward on
+    (evaluation does not call forward); in-process runs only."""
+    from tasks.seq2seq.model import Seq2SeqHead
+
+    real = Seq2SeqHead.forward
+
+    def install(norm: str, from_call: int) -> None:
+        calls: dict[int, int] = {}
+
+        def forward(self, backbone, batch):
+            loss, logs = real(self, backbone, batch)
+            if backbone.config.norm != norm:
+                return loss, logs
+            calls[id(self)] = calls.get(id(self), 0) + 1
+            return (loss * float("nan") if calls[id(self)] >= from_call else loss), logs
+
+        monkeypatch.setattr(Seq2SeqHead, "forward", forward)
+
+    return install

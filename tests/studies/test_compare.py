@@ -12,28 +12,11 @@ from omegaconf import OmegaConf
 from foundation.engine import loop
 from studies import compare, depth
 from studies.verdict import Rules, RunSpec, judge
-from tasks.seq2seq.model import Seq2SeqHead
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def nan_for(monkeypatch, norm: str, from_call: int):
-    """Training losses of models with ``backbone.config.norm == norm`` are NaN from their
-    ``from_call``-th training forward on (evaluation does not call forward)."""
-    real = Seq2SeqHead.forward
-    calls: dict[int, int] = {}
-
-    def forward(self, backbone, batch):
-        loss, logs = real(self, backbone, batch)
-        if backbone.config.norm != norm:
-            return loss, logs
-        calls[id(self)] = calls.get(id(self), 0) + 1
-        return (loss * float("nan") if calls[id(self)] >= from_call else loss), logs
-
-    monkeypatch.setattr(Seq2SeqHead, "forward", forward)
 
 
 def results(out: Path) -> dict:
@@ -43,10 +26,10 @@ def results(out: Path) -> dict:
 # ---------------------------------------------------------------------------- the grid
 
 
-def test_report_structure_and_divergence(tmp_path, monkeypatch, toy, write_config):
+def test_report_structure_and_divergence(tmp_path, nan_losses, toy, write_config):
     """2 norms x 2 lrs, 1 seed; Pre-LN's loss turns NaN from its 5th step on, 3 allowed in a
     row: both its runs diverge at step 7 (the engine's stop), Magneto's still run and converge."""
-    nan_for(monkeypatch, "preln", 5)
+    nan_losses("preln", 5)
     config = write_config(toy(steps=12, max_nonfinite=3))
     out = tmp_path / "cmp"
     code = compare.compare(config, out, ["preln", "magneto"], [0], [1e-3, 3e-3], in_process=True,
