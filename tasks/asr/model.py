@@ -42,7 +42,8 @@ class TransducerHead(nn.Module):
                  predictor_embed_dim: int = 512, predictor_dim: int = 1024, predictor_layers: int = 2,
                  predictor_dropout: float = 0.1, joint_dim: int = 512, joint_sub_batch: int = 0,
                  ctc_weight: float = 0.3, aux_transducer_weight: float = 0.2, aux_layers: Iterable[int] = (),
-                 aux_mlp_dim: int = 256, aux_mlp_dropout: float = 0.1, specaug: dict | None = None):
+                 aux_mlp_dim: int = 256, aux_mlp_dropout: float = 0.1, specaug: dict | None = None,
+                 rnnt_start: int = 0):
         super().__init__()
         from espnet2.asr_transducer.decoder.rnn_decoder import RNNDecoder
         from espnet2.asr_transducer.joint_network import JointNetwork
@@ -67,6 +68,12 @@ class TransducerHead(nn.Module):
             nn.Linear(aux_mlp_dim, joint_dim),
         ) if self.aux_weight > 0 else None
         self.register_buffer("tokenizer_crc", torch.zeros((), dtype=torch.long))  # which tokenizer the ids are
+        # CTC alone for the first rnnt_start training forwards (counted in a buffer, so resuming keeps it)
+        self.rnnt_start = rnnt_start
+        if rnnt_start > 0:
+            if self.ctc is None:
+                raise ValueError("rnnt_start > 0 trains CTC alone first: it needs ctc_weight > 0")
+            self.register_buffer("updates", torch.zeros((), dtype=torch.long))
 
     def encode(self, backbone: nn.Module, feats: torch.Tensor, feat_lens: torch.Tensor,
                return_layers: Sequence[int] = ()):
@@ -80,27 +87,29 @@ class TransducerHead(nn.Module):
         self.predictor.set_device(targets.device)
         return self.predictor(F.pad(targets, (1, 0), value=BLANK))
 
-    def losses(self, backbone: nn.Module, batch: dict) -> dict[str, torch.Tensor]:
-        """Per-utterance means of every loss term (before weighting)."""
-        enc, enc_lens, hidden = self.encode(backbone, batch["feats"], batch["feat_lens"],
-                                            self.aux_layers if self.training else ())
-        return self.losses_from(enc, enc_lens, hidden, batch)
+    def losses(self, backbone: nn.Module, batch: dict, transducer: bool = True) -> dict[str, torch.Tensor]:
+        """Per-utterance means of every loss term (before weighting); ``transducer=False``: CTC only."""
+        aux = self.aux_layers if self.training and transducer else ()
+        enc, enc_lens, hidden = self.encode(backbone, batch["feats"], batch["feat_lens"], aux)
+        return self.losses_from(enc, enc_lens, hidden, batch, transducer)
 
     def losses_from(self, enc: torch.Tensor, enc_lens: torch.Tensor, hidden: dict[int, torch.Tensor],
-                    batch: dict) -> dict[str, torch.Tensor]:
+                    batch: dict, transducer: bool = True) -> dict[str, torch.Tensor]:
         # (RNN-T emits any number of units per frame, so U > T is fine; CTC's zero_infinity
         # drops an utterance too short for its transcript)
         targets, tgt_lens = batch["targets"], batch["target_lens"]
         B = targets.shape[0]
-        dec = self.predict(targets)
-        act, lin_out = self.joint.joint_activation, self.joint.lin_out
-        out = {"rnnt": transducer_loss(self.joint.lin_enc(enc), self.joint.lin_dec(dec), lin_out, act, targets,
-                                       enc_lens, tgt_lens, sub_batch=self.joint_sub_batch) / B}
+        out = {}
+        if transducer:
+            dec = self.predict(targets)
+            act, lin_out = self.joint.joint_activation, self.joint.lin_out
+            out["rnnt"] = transducer_loss(self.joint.lin_enc(enc), self.joint.lin_dec(dec), lin_out, act, targets,
+                                          enc_lens, tgt_lens, sub_batch=self.joint_sub_batch) / B
         if self.ctc is not None:
             logp = self.ctc(enc).float().log_softmax(-1).transpose(0, 1)
             out["ctc"] = F.ctc_loss(logp, targets, enc_lens, tgt_lens, blank=BLANK, reduction="sum",
                                     zero_infinity=True) / B
-        if self.aux_weight > 0 and hidden:
+        if self.aux_weight > 0 and hidden and transducer:
             # the joint network is shared but not trained by this loss (ESPnet's TransducerTasks)
             lin_dec = self.joint.lin_dec
             dec_proj = F.linear(dec, lin_dec.weight.detach(), None if lin_dec.bias is None else lin_dec.bias.detach())
@@ -111,7 +120,7 @@ class TransducerHead(nn.Module):
         return out
 
     def weighted(self, losses: dict[str, torch.Tensor]) -> torch.Tensor:
-        loss = losses["rnnt"]
+        loss = losses.get("rnnt", 0.0)
         if "ctc" in losses:
             loss = loss + self.ctc_weight * losses["ctc"]
         if "aux_rnnt" in losses:
@@ -119,7 +128,11 @@ class TransducerHead(nn.Module):
         return loss
 
     def forward(self, backbone: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
-        losses = self.losses(backbone, batch)
+        transducer = True
+        if self.training and self.rnnt_start > 0:
+            transducer = int(self.updates) >= self.rnnt_start
+            self.updates += 1
+        losses = self.losses(backbone, batch, transducer)
         logs = {k: v.detach() for k, v in losses.items()}
         logs["utts"] = float(batch["targets"].shape[0])  # the engine counts buckets as samples
         return self.weighted(losses), logs

@@ -45,6 +45,7 @@ class ASRConfig(SpeechFields):
     joint_sub_batch: int = 4  # utterances per joint + loss sub-batch (memory bound); 0 = whole batch
     # auxiliary losses (Boyer et al. 2021)
     ctc_weight: float = 0.3
+    rnnt_start: int = 0  # CTC alone for this many training steps, then CTC + transducer
     aux_transducer_weight: float = 0.2
     aux_layers: List[int] = field(default_factory=list)  # 0-based backbone blocks, e.g. [5, 11] of 18
     aux_mlp_dim: int = 256
@@ -68,8 +69,10 @@ class ASRConfig(SpeechFields):
                      "joint_dim", "aux_mlp_dim", "beam_size", "max_symbols_per_frame"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
-        for name in ("ctc_weight", "aux_transducer_weight", "joint_sub_batch", "freq_masks", "freq_mask_width",
-                     "time_masks"):
+        if self.rnnt_start > 0 and self.ctc_weight <= 0:
+            raise bad("rnnt_start", "CTC alone comes first: it needs ctc_weight > 0")
+        for name in ("ctc_weight", "rnnt_start", "aux_transducer_weight", "joint_sub_batch", "freq_masks",
+                     "freq_mask_width", "time_masks"):
             if getattr(self, name) < 0:
                 raise bad(name, "must be >= 0")
         for name in ("predictor_dropout", "time_mask_ratio"):
@@ -182,7 +185,7 @@ class ASR(SpeechTask):
             predictor_layers=c.predictor_layers, predictor_dropout=c.predictor_dropout, joint_dim=c.joint_dim,
             joint_sub_batch=c.joint_sub_batch, ctc_weight=c.ctc_weight, aux_transducer_weight=c.aux_transducer_weight,
             aux_layers=c.aux_layers, aux_mlp_dim=c.aux_mlp_dim,
-            specaug=specaug if c.freq_masks or c.time_masks else None,
+            specaug=specaug if c.freq_masks or c.time_masks else None, rnnt_start=c.rnnt_start,
         )
         self.load_cmvn(head.cmvn)
         if c.tokenizer_path.is_file():
@@ -194,6 +197,8 @@ class ASR(SpeechTask):
         else fits; the CMVN statistics and the tokenizer's checksum stay this task's own."""
         if name.startswith("cmvn.") or name == "tokenizer_crc":
             return "this task's own data statistics / tokenizer"
+        if name == "updates":
+            return "this run's own count of training steps"
         return super().adapt_init(name, tensor, target)
 
     # ------------------------------------------------------------------ evaluation

@@ -65,7 +65,7 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
     assert got == [
         ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 1100, "top1", 100, ("init_from=null",), 3),
         ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
-        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1200, "wer_test", 1, (), 5.5),
+        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
         ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 250, "vqa_accuracy", 100, (), 0.75),
         ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 200, "accuracy", 100, (), 0.75),
     ]

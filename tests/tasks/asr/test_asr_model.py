@@ -141,3 +141,42 @@ def test_magneto_encoder_wraps_a_trained_head():
         out, olens, _ = encoder(feats, lens)
         ref, ref_lens, _ = head.encode(backbone, feats, lens)  # the head also normalises (CMVN = identity here)
     assert torch.allclose(out, ref) and olens.tolist() == ref_lens.tolist()
+
+
+
+def test_rnnt_start_trains_ctc_alone_first():
+    """rnnt_start=2: the first two training forwards give CTC alone (no gradient reaches the
+    predictor or joint network), the third both; evaluation always has the transducer loss and
+    does not count; the count is a buffer, so a checkpoint (resume) carries it."""
+    torch.manual_seed(0)
+    backbone, head = tiny_backbone(), tiny_head(ctc_weight=0.5, aux_layers=[], rnnt_start=2)
+    batch = tiny_batch()
+    head.eval()
+    _, logs = head(backbone, batch)
+    assert "rnnt" in logs and int(head.updates) == 0
+    head.train()
+    for step in range(3):
+        head.zero_grad()
+        loss, logs = head(backbone, batch)
+        loss.backward()
+        transducer = step >= 2
+        assert ("rnnt" in logs) is transducer
+        assert (head.predictor.embed.weight.grad is not None) is transducer
+        assert (head.joint.lin_out.weight.grad is not None) is transducer
+        assert head.ctc.weight.grad is not None
+        if not transducer:
+            assert torch.allclose(loss, 0.5 * logs["ctc"])
+    assert int(head.state_dict()["updates"]) == 3
+    with pytest.raises(ValueError, match="ctc_weight"):
+        tiny_head(ctc_weight=0.0, aux_layers=[], rnnt_start=2)
+
+
+def test_rnnt_start_config_checks():
+    from foundation.config import ConfigError
+    from tasks.asr.task import ASRConfig
+
+    assert ASRConfig(rnnt_start=300, ctc_weight=0.5).rnnt_start == 300
+    with pytest.raises(ConfigError, match="rnnt_start.*ctc_weight"):
+        ASRConfig(rnnt_start=300, ctc_weight=0.0)
+    with pytest.raises(ConfigError, match="rnnt_start"):
+        ASRConfig(rnnt_start=-1)
