@@ -52,3 +52,15 @@ def write_vision_demo(parent, train_per_class: int = 8, val_per_class: int = 4):
     demo.write_dataset(root, seed=0, size=16, train_per_class=train_per_class, val_per_class=val_per_class,
                        num_classes=3)
     return root
+
+
+def overfit_losses(model, task_id: str, batch, opt, steps: int) -> tuple[list[float], dict]:
+    """Train ``model`` on one fixed batch: the losses of every step and the last step's logs."""
+    losses, logs = [], {}
+    for _ in range(steps):
+        loss, logs = model(task_id, batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, logs

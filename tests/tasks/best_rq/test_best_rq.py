@@ -20,6 +20,7 @@ from foundation.engine.optim import build_optimizer
 from tasks.best_rq.data import span_mask
 from tasks.best_rq.model import STACK, stack_frames
 from tasks.best_rq.quantizer import RandomProjectionQuantizer
+from support import overfit_losses
 
 BACKBONE = {"dim": 16, "depth": 2, "heads": 2, "ffn_dim": 32, "rel_pos": "1d"}
 ENGINE = {"log": {"progress": False, "tensorboard": False}, "optim": {"lr": 2e-3}, "eval": {"max_batches": 2}}
@@ -99,13 +100,7 @@ def test_best_rq_loss_drops_on_a_fixed_batch(best_rq_spec):
     data = task.train_dataset()
     batch = task.collate([data[i] for i in range(6)])
     opt = torch.optim.Adam(model.parameters(), lr=5e-3)
-    losses = []
-    for _ in range(60):
-        loss, logs = model("speech", batch)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses, _ = overfit_losses(model, "speech", batch, opt, 60)
     assert losses[0] == pytest.approx(math.log(64), rel=0.2)  # chance at the start
     assert np.mean(losses[-5:]) < 0.6 * losses[0], losses  # (about 0.5 here)
 

@@ -14,6 +14,7 @@ from foundation.engine.config import resolve
 from foundation.engine.loop import train
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import layer_ids, param_groups
+from support import overfit_losses
 
 IMAGE = {"img_size": 16, "patch_size": 4}
 
@@ -30,13 +31,7 @@ def test_mim_loss_drops_on_a_fixed_batch(tmp_path, mim_task, vision_config):
     batch = task.collate([ds[i] for i in range(8)])
     assert batch["mask"].shape == (8, 16) and (batch["mask"].sum(1) <= 6).all() and batch["mask"].sum() >= 40
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.98))
-    losses = []
-    for _ in range(25):
-        loss, logs = model("mim", batch)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
+    losses, logs = overfit_losses(model, "mim", batch, opt, 25)
     assert losses[-1] < 0.5 * losses[0], losses
     assert 0 <= float(logs["mim_acc"]) <= 1
     # the tokenizer is neither trained nor saved with the MIM weights
