@@ -7,7 +7,7 @@ For every task with a recipe (``tasks/<task>/recipe.py``: image classification, 
 speech recognition, VQA, NLVR2, seq2seq) a deep, narrow version of its tiny recipe - depth 24
 (and 48 where the recipe asks for it and the budget allows), width ``NARROW`` where the recipe is
 wider - trains over a ladder of peak learning rates (``RUNGS`` rungs of x``FACTOR`` from the
-recipe's ``stability_lr``, by default its config's lr / 9) for each rule, each seed: an ordinary
+recipe's ``stability_lr``, by default its config's lr / 3) for each rule, each seed: an ordinary
 ``foundation compare`` run per (norm, lr, seed), resumed or skipped when the command is run again.
 No gradient clipping unless ``--clip`` (clipping hides divergence); warm-up as in the recipes.
 
@@ -39,8 +39,9 @@ from studies.verdict import Outcome, Rules
 
 NORMS = ("preln", "magneto", "postln", "deepnorm")
 DEPTHS = (24,)  # every task; a recipe's stability_depths adds 48 where the budget allows
-STEPS = 80  # steps of one run unless the recipe says otherwise (the budget: docs/studies.md)
-RUNGS, FACTOR = 6, 3.0  # the ladder: RUNGS peak lrs, each FACTOR x the one before
+STEPS = 100  # steps of one run unless the recipe says otherwise (the budget: docs/studies.md)
+RUNGS, FACTOR = 5, 3.0  # the ladder: RUNGS peak lrs, each FACTOR x the one before
+LOWEST = 1 / 3  # the lowest rung: the config's lr x this (lr / 9 never trained in a short run)
 QUICK_RUNGS = 3  # --quick: this many rungs, evenly spaced over the ladder, both ends included
 NARROW = {"dim": 32, "heads": 2, "ffn_dim": 128}  # the width of a recipe wider than this (DeepNet's 64-128-2, halved)
 ALL_OWNED = OWNED + ("backbone.depth", "backbone.decoder_depth")
@@ -92,11 +93,15 @@ def plan_task(recipe: Recipe, data: Path, *, depths: Optional[Sequence[int]], lr
     b = cfg.backbone
     narrow = [f"backbone.{k}={v}" for k, v in NARROW.items()] if b.dim > NARROW["dim"] else []
     n_steps = steps or recipe.stability_steps or STEPS
-    overrides = [*base, *narrow, *recipe.stability_overrides, f"train.steps={n_steps}",
+    # warm-up as in the recipe: the same fraction of the run (a recipe's 50 of 1,000 steps would otherwise
+    # leave a short run almost no time at its peak lr, where divergence happens)
+    warmup = max(1, round(cfg.schedule.warmup_steps * n_steps / cfg.train.steps)) if cfg.schedule.warmup_steps else 0
+    overrides = [*base, *narrow, f"schedule.warmup_steps={warmup}", *recipe.stability_overrides,
+                 f"train.steps={n_steps}",
                  f"optim.clip_grad={clip if clip is not None else 'null'}", "eval.every=0", "save.every=0",
                  "save.keep=1", f"log.every={max(1, n_steps // 40)}", "log.tensorboard=false", *user]
     depths = list(depths or recipe.stability_depths or DEPTHS)
-    lrs = list(lrs or ladder(recipe.stability_lr or cfg.optim.lr / 9))
+    lrs = list(lrs or ladder(recipe.stability_lr or cfg.optim.lr * LOWEST))
     if quick:
         depths, lrs = depths[:1], quick_rungs(lrs)
     resolved, _ = load_config(config, [*overrides, *depth_overrides(depths[0], b.arch == "encoder_decoder")],

@@ -87,11 +87,12 @@ def write_report(out: Path, plans, outcomes: dict[tuple[str, int], list[Outcome]
                 continue
             runner = plan.runners.get(depth)
             higher = getattr(runner, "higher", True)
-            key = metric_key(runs, r.metric)
+            key = metric_key(runs, r.stability_metric or r.metric)
             summary = summarize(runs, lambda o: (o.norm, o.lr))
             times = [o.wall_s for o in runs if o.wall_s is not None]
             per_run = f"{statistics.fmean(times):.0f} s" if times else "-"
-            parts += [f"## {r.label or r.task}, {depth} layers", "",
+            title = f"{r.label or r.task}; the study's metric: {r.stability_metric}" if r.stability_metric else r.label
+            parts += [f"## {title or r.task}, {depth} layers", "",
                       f"`{plan.config}` made deep and narrow: {depth} layers, {plan.about}. Metric `{key or r.metric}` "
                       f"x {r.scale:g} ({'higher' if higher else 'lower'} is better). Training time per run "
                       f"(mean): {per_run}.", "",

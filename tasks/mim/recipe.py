@@ -8,5 +8,5 @@ RECIPE = Recipe(
     # the visual tokenizer its targets come from: trained once per study, its weights handed over
     before=("configs/vision/tiny_tokenizer.yaml", "tasks.vq_tokenizer.data_dir={root}"),
     before_override="tasks.mim.tokenizer={run}/best/model.safetensors",
-    stability_depths=(24, 48),
+    stability_steps=100,
 )

@@ -5,5 +5,5 @@ RECIPE = Recipe(
     task="segmentation", config="configs/segmentation/tiny_{norm}.yaml", metric="mIoU", scale=1,
     modality="vision", rank=2,
     label="segmentation (mIoU %)", data="segmentation", data_override="tasks.segmentation.data_root={root}",
-    steps=400, minutes=2, baseline="one class everywhere <= 12.5",
+    steps=400, minutes=2, baseline="one class everywhere <= 12.5", stability_steps=100,
 )

@@ -4,5 +4,5 @@ from foundation.engine.recipe import Recipe
 RECIPE = Recipe(
     task="vqa", config="configs/vl/tiny_vqa_{norm}.yaml", metric="vqa_accuracy", scale=100, modality="vl", rank=4,
     label="VQA (accuracy %)", data="vl", data_override="tasks.vqa.data_dir={root}/vqa", steps=250, minutes=0.75,
-    prior="tasks.vqa.prior",
+    prior="tasks.vqa.prior", stability_steps=120,
 )

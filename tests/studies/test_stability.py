@@ -31,9 +31,9 @@ def recipe(task: str):
 
 def test_ladder_and_quick_rungs():
     lrs = stability.ladder(1e-3)
-    assert lrs == [0.001, 0.003, 0.009, 0.027, 0.081, 0.243]
+    assert lrs == [0.001, 0.003, 0.009, 0.027, 0.081]
     assert stability.ladder(5e-3 / 9, 3, 10) == [0.000556, 0.00556, 0.0556]
-    assert stability.quick_rungs(lrs) == [0.001, 0.009, 0.243]  # both ends and the middle
+    assert stability.quick_rungs(lrs) == [0.001, 0.009, 0.081]  # both ends and the middle
     assert stability.quick_rungs([1.0, 2.0]) == [1.0, 2.0]
 
 
@@ -50,7 +50,10 @@ def test_plan(at_root, tmp_path):
     s2s = stability.plan_task(recipe("seq2seq"), tmp_path, depths=None, lrs=None, steps=None, clip=None,
                               quick=False, user=["train.batch_size=8"])
     assert s2s.depths == [24, 48] and s2s.steps == 150 and s2s.encoder_decoder
-    assert s2s.lrs == stability.ladder(5e-3 / 9)  # the config's lr / 9, then x3
+    assert s2s.lrs == stability.ladder(5e-3 / 3)  # the config's lr / 3, then x3
+    cfg, _ = load_config(s2s.config, [], check_data=False)
+    warmup = round(cfg.schedule.warmup_steps * 150 / cfg.train.steps)  # the recipe's fraction of the run
+    assert f"schedule.warmup_steps={warmup}" in s2s.overrides and 0 < warmup < cfg.schedule.warmup_steps
     assert "optim.clip_grad=null" in s2s.overrides and s2s.overrides[-1] == "train.batch_size=8"
     assert not any(o.startswith("backbone.dim=") for o in s2s.overrides)  # width 32 already: kept
     cfg, _ = load_config(s2s.config, [*s2s.overrides, *stability.depth_overrides(24, True)], check_data=False)
@@ -65,7 +68,10 @@ def test_plan(at_root, tmp_path):
                               clip=None, quick=False, user=[])
     assert "backbone.dim=32" in vis.overrides and "init_from=null" in vis.overrides  # 64 wide: narrowed
     assert f"tasks.classification.data_dir={tmp_path / 'data' / 'vision-demo'}" in vis.overrides
-    assert vis.steps == stability.STEPS and vis.depths == [3]
+    assert vis.steps == 160 and vis.depths == [3] and "train.batch_size=32" in vis.overrides  # the recipe's
+    quick = stability.plan_task(recipe("classification"), tmp_path / "data", depths=[3], lrs=[1e-3], steps=7,
+                                clip=None, quick=False, user=["schedule.warmup_steps=3"])
+    assert quick.overrides[-1] == "schedule.warmup_steps=3" and "schedule.warmup_steps=1" in quick.overrides
 
 
 def outcome(norm: str, lr: float, seed: int, verdict: str, acc=None, step=None) -> Outcome:
