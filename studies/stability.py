@@ -140,7 +140,7 @@ def _data_dirs() -> dict[str, str]:
 
 def study(plans: Sequence[TaskPlan], out: Path, norms: Sequence[str], seeds: Sequence[int], *, jobs: int = 2,
           rules: Rules = Rules(), command: str = "", in_process: bool = False, overwrite: bool = False,
-          say: Callable[[str], None] = print) -> int:
+          report_only: bool = False, say: Callable[[str], None] = print) -> int:
     lock = threading.Lock()
 
     def tell(text: str) -> None:
@@ -167,6 +167,8 @@ def study(plans: Sequence[TaskPlan], out: Path, norms: Sequence[str], seeds: Seq
             work += [(depth * plan.steps, plan, depth, runner, s)  # a step of the narrow models costs about the same
                      for s in specs]
     work.sort(key=lambda w: -w[0])  # longest first, so that the jobs end together
+    if report_only:  # the runs that finished (or diverged) so far; nothing trains
+        work = [w for w in work if runs.status(w[3].out / "runs" / w[4].name) in runs.DONE]
     say(f"{len(work)} runs ({', '.join(f'{p.recipe.task} {len(p.depths) * len(p.lrs) * len(norms) * len(seeds)}' for p in plans)}), "
         f"{jobs} at a time -> {out}")
     start = time.perf_counter()
@@ -237,6 +239,9 @@ def main(argv: Sequence[str]) -> int:
                    help="clip gradients to this norm (default: no clipping; --clip alone: 1.0)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--data", type=Path, default=Path("data"), help="demo data sets, made when missing (default data)")
+    p.add_argument("--report", action="store_true",
+                   help="write the report of the runs that have ended so far (e.g. while another invocation "
+                        "trains, or after stopping one); train nothing")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/compare-stability[-quick])")
     common_flags(p)
     args = p.parse_intermixed_args(argv)
@@ -278,7 +283,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"foundation compare stability: error: {e}", file=sys.stderr)
         return 2
     return study(plans, out, norms, seeds, jobs=args.jobs, rules=rules, in_process=args.in_process,
-                 overwrite=args.overwrite, command="foundation compare stability " + " ".join(argv))
+                 overwrite=args.overwrite, report_only=args.report,
+                 command="foundation compare stability " + " ".join(argv))
 
 
 if __name__ == "__main__":

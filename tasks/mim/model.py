@@ -19,8 +19,9 @@ from tasks.vision_common.tokenizer import FrozenTokenizer
 
 
 class MIMHead(ViTFrontEnd):
-    def __init__(self, dim: int, img_size: int, patch_size: int, tokenizer: FrozenTokenizer):
-        super().__init__(dim, img_size, patch_size)
+    def __init__(self, dim: int, img_size: int, patch_size: int, tokenizer: FrozenTokenizer,
+                 pos_init: str = "trunc_normal"):
+        super().__init__(dim, img_size, patch_size, pos_init=pos_init)
         if tuple(tokenizer.grid) != tuple(self.grid):
             raise ValueError(f"the tokenizer's patch grid {tuple(tokenizer.grid)} differs from this model's "
                              f"{tuple(self.grid)}: use the same img_size / patch_size")

@@ -24,6 +24,7 @@ from torch import nn
 
 from foundation.checkpoint import CheckpointError
 from foundation.config import ConfigError
+from foundation.embed import POS_INITS
 from foundation.engine.task import register_task
 from tasks.mim.data import MaskedImageFolder
 from tasks.mim.metrics import mim_metrics, mim_sums
@@ -41,6 +42,7 @@ class MIMConfig:
     tokenizer_task: Optional[str] = None  # its vq_tokenizer task id, if it has several
     img_size: int = 224
     patch_size: int = 16
+    pos_embed_init: str = "trunc_normal"  # trunc_normal (std 0.02, BEiT) | sincos (2-D sin-cos start, MAE)
     num_masking_patches: int = 75  # BEiT: 75 of 14 x 14
     min_num_patches: int = 16  # smallest block
     max_num_patches: Optional[int] = None  # largest block; default num_masking_patches
@@ -59,6 +61,8 @@ class MIMConfig:
         for name in ("img_size", "patch_size", "num_masking_patches", "min_num_patches"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
+        if self.pos_embed_init not in POS_INITS:
+            raise bad("pos_embed_init", f"must be one of {', '.join(POS_INITS)}")
         if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
             raise bad("scale", "must be [min, max] with 0 < min <= max <= 1")
         if self.img_size % self.patch_size == 0:
@@ -100,7 +104,7 @@ class MIM(ImageFolderTask):
         if (tokenizer.img_size, tokenizer.patch_size) != (c.img_size, c.patch_size):
             raise ConfigError(f"field 'tokenizer': it encodes {tokenizer.img_size}px images in {tokenizer.patch_size}px "
                               f"patches, this task has img_size={c.img_size}, patch_size={c.patch_size}")
-        return MIMHead(self.backbone_cfg.dim, c.img_size, c.patch_size, tokenizer)
+        return MIMHead(self.backbone_cfg.dim, c.img_size, c.patch_size, tokenizer, pos_init=c.pos_embed_init)
 
     def dataset(self, split: str, train: bool) -> MaskedImageFolder:
         c = self.cfg

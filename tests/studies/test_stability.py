@@ -137,6 +137,11 @@ def test_cli_end_to_end_divergence_and_resume(at_root, tmp_path, nan_losses, cap
     assert stability.main(argv) == 0  # resumes: every run finished or diverged earlier
     said = capsys.readouterr().out
     assert said.count("earlier, skipped") == 4 and "training ..." not in said
+    more = [a if a != "1e-3,3e-3" else "1e-3,3e-3,9e-3" for a in argv]  # a rung that never ran
+    assert stability.main([*more, "--report"]) == 0  # the report of what ended so far; nothing trains
+    assert "training ..." not in capsys.readouterr().out
+    assert not (out / "seq2seq" / "2L" / "runs" / "magneto_lr0.009_seed0").exists()
+    assert len(json.loads((out / "results.json").read_text())["runs"]) == 4
 
 
 def test_cli_errors(at_root, capsys):

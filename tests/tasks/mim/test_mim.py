@@ -99,3 +99,16 @@ def test_mim_config_errors_name_the_field(tmp_path, mim_task, vision_config):
         MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
     with pytest.raises(ConfigError, match="masking: num_masking_patches must be in"):
         resolve(OmegaConf.create(vision_config(tmp_path, "mim", {**mim_task, "num_masking_patches": 17})))
+
+
+def test_mim_pos_embed_init_sincos(tmp_path, mim_task, vision_config):
+    """MIM can start its positions as the fine-tuning recipe does (the 2-D sin-cos table), so the
+    positions a fine-tuning loads from it are not the 0.02 start that MIM barely moves."""
+    from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
+
+    cfg, specs = resolve(OmegaConf.create(vision_config(tmp_path, "mim", {**mim_task, "pos_embed_init": "sincos"})))
+    head = specs[0].task(cfg.backbone).build_head()
+    grid = [mim_task["img_size"] // mim_task["patch_size"]] * 2
+    assert torch.allclose(head.pos_embed[0, 1:], build_sincos2d_pos_embed(grid, cfg.backbone.dim))
+    with pytest.raises(ConfigError, match="field 'pos_embed_init': must be one of trunc_normal, sincos"):
+        resolve(OmegaConf.create(vision_config(tmp_path, "mim", {**mim_task, "pos_embed_init": "zeros"})))
