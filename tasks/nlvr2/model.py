@@ -27,11 +27,12 @@ class TwoLayerMLP(nn.Module):
 
 
 class NLVR2Head(nn.Module):
-    def __init__(self, embed: BEiT3Embedding, dim: int, eps: float = 1e-5):
+    def __init__(self, embed: BEiT3Embedding, dim: int, eps: float = 1e-5, init_std: float = 0.02,
+                 init_scale: float = 0.001):
         super().__init__()
         self.embed = embed  # shared with the model's other VL heads
         self.head = TwoLayerMLP(4 * dim, 2 * dim, 2, eps)
-        init_head(self.head, scale=0.001)
+        init_head(self.head, scale=init_scale, std=init_std)
 
     def logits(self, backbone: nn.Module, batch: dict) -> torch.Tensor:
         B = batch["text_ids"].shape[0]

@@ -21,6 +21,7 @@ class NLVR2Config(VLConfig):
     image_dir: Optional[str] = None  # holds images/train/<directory>/, dev/, test1/ (default: data_dir)
     train_split: str = "train"
     eval_split: str = "dev"
+    head_init_scale: float = 0.001  # the head's Linear weights times this after init (BEiT-3: 0.001)
     pretrained_head: bool = False  # init_from also loads the head (a converted BEiT-3 NLVR2 model)
     max_train_statements: Optional[int] = None  # the first N (quick runs)
     max_eval_statements: Optional[int] = None
@@ -45,7 +46,8 @@ class NLVR2(VLTask):
 
     def build_head(self, shared=None) -> NLVR2Head:
         embed = self.embedding(shared if shared is not None else SharedModules())
-        return NLVR2Head(embed, self.backbone_cfg.dim, self.backbone_cfg.layernorm_eps)
+        return NLVR2Head(embed, self.backbone_cfg.dim, self.backbone_cfg.layernorm_eps, self.cfg.head_init_std,
+                         self.cfg.head_init_scale)
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> NLVR2Dataset:
         c = self.cfg

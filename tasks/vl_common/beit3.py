@@ -40,16 +40,32 @@ from foundation.transformer import Backbone
 EXPERTS = ("vision", "text")  # torchscale's multiway A, B
 
 
+def early_conv_stem(in_chans: int, dim: int, patch_size: int) -> nn.Sequential:
+    """Xiao et al. 2021, "Early convolutions help transformers see better" (ViT_C): 3x3
+    stride-2 conv + BatchNorm + ReLU stages down to the patch grid, then a 1x1 conv to
+    ``dim``; a drop-in for the stride-``patch_size`` patchifying conv (a power of two)."""
+    if patch_size < 2 or patch_size & (patch_size - 1):
+        raise ConfigError(f"field 'conv_stem': needs a patch_size that is a power of two >= 2 (got {patch_size})")
+    layers: list[nn.Module] = []
+    channels = in_chans
+    while patch_size > 1:
+        layers += [nn.Conv2d(channels, dim, 3, 2, 1, bias=False), nn.BatchNorm2d(dim), nn.ReLU(inplace=True)]
+        channels, patch_size = dim, patch_size // 2
+    return nn.Sequential(*layers, nn.Conv2d(dim, dim, 1))
+
+
 class BEiT3Embedding(nn.Module):
     """Text tokens, image patches and their positions -> the backbone's input."""
 
     def __init__(self, vocab_size: int, dim: int, img_size: int = 224, patch_size: int = 16,
-                 in_chans: int = 3, text_positions: int = 1022):
+                 in_chans: int = 3, text_positions: int = 1022, conv_stem: bool = False):
         super().__init__()
         if img_size % patch_size:
             raise ConfigError(f"field 'img_size': {img_size} is not a multiple of patch_size={patch_size}")
         self.text_embed = nn.Embedding(vocab_size, dim)
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, dim)
+        if conv_stem:  # same token grid, the patchifying conv replaced (patch_embed.proj.*)
+            self.patch_embed.proj = early_conv_stem(in_chans, dim, patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.mask_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.vision_pos = nn.Parameter(torch.zeros(1 + self.patch_embed.num_patches, dim))
@@ -142,12 +158,13 @@ class Pooler(nn.Module):
         return self.activation(self.dense(self.norm(x[:, 0])))
 
 
-def init_head(module: nn.Module, scale: float = 1.0) -> None:
-    """BEiT-3's head init: truncated normal (std 0.02) Linear weights, zero biases, unit
-    LayerNorms; ``scale`` then multiplies every Linear (0.001 for the NLVR2 head)."""
+def init_head(module: nn.Module, scale: float = 1.0, std: float = 0.02) -> None:
+    """BEiT-3's head init: truncated normal (std 0.02, cut at +-std) Linear weights, zero
+    biases, unit LayerNorms; ``scale`` then multiplies every Linear (0.001 for the NLVR2
+    head). ``std``: the VL configs' ``head_init_std`` (see ``tasks.vl_common.task``)."""
     for m in module.modules():
         if isinstance(m, nn.Linear):
-            nn.init.trunc_normal_(m.weight, std=0.02, a=-0.02, b=0.02)
+            nn.init.trunc_normal_(m.weight, std=std, a=-std, b=std)
             nn.init.zeros_(m.bias)
             if scale != 1.0:
                 with torch.no_grad():

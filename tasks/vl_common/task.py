@@ -47,6 +47,13 @@ class VLConfig:
     image_std: List[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     train_crop_scale: List[float] = field(default_factory=lambda: [1.0, 1.0])  # RandomResizedCrop area range
     train_color_jitter: Optional[float] = None  # ColorJitter(j, j, j) at training (BEiT-3 pretraining: 0.4)
+    # an early-convolution stem (3x3 stride-2 convs, Xiao et al. 2021) in place of the patchifying
+    # conv, same token grid; not BEiT-3's layout (its converted weights need false)
+    conv_stem: bool = False
+    # std of the fine-tuning head's Linear weights (truncated at +-std). BEiT-3's 0.02 suits its
+    # 768+-wide heads on a pretrained backbone; a from-scratch dim-64 model trained with such a
+    # near-zero head fits the answer prior and never looks at the image (docs/vision-language.md)
+    head_init_std: float = 0.02
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:
@@ -63,6 +70,8 @@ class VLConfig:
         for name in ("image_mean", "image_std"):
             if len(getattr(self, name)) != 3:
                 raise bad(name, "must have 3 values (RGB)")
+        if not 0 < self.head_init_std <= 1:
+            raise bad("head_init_std", "must be in (0, 1]")
         if self.train_color_jitter is not None and not 0 <= self.train_color_jitter <= 1:
             raise bad("train_color_jitter", "must be in [0, 1] or null")
         lo_hi = self.train_crop_scale
@@ -107,7 +116,7 @@ class VLTask(Task):
                 raise ConfigError(f"field 'vocab_size': {vocab} rows cannot hold the tokenizer's {tok.size} ids")
         return dict(tokenizer=self.cfg.tokenizer, spm_model=self.cfg.spm_model, vocab_size=vocab,
                     img_size=self.cfg.img_size, patch_size=self.cfg.patch_size,
-                    text_positions=self.cfg.text_positions, dim=self.backbone_cfg.dim)
+                    text_positions=self.cfg.text_positions, dim=self.backbone_cfg.dim, conv_stem=self.cfg.conv_stem)
 
     def export_meta(self) -> dict[str, Any]:
         """The text tokenizer (its name; a sentencepiece model's bytes) and the evaluation
@@ -151,7 +160,8 @@ class VLTask(Task):
         whose forward never uses the mask token."""
         s = self.embedding_settings()
         embed = self.shared(shared, "BEiT-3 embedding", s, lambda: BEiT3Embedding(
-            s["vocab_size"], s["dim"], s["img_size"], s["patch_size"], text_positions=s["text_positions"]))
+            s["vocab_size"], s["dim"], s["img_size"], s["patch_size"], text_positions=s["text_positions"],
+            conv_stem=s["conv_stem"]))
         used = shared.get_or_create("BEiT-3 embedding parts in use", {}, set)
         used.update(uses)
         for part, params in embed.parts().items():

@@ -12,14 +12,14 @@ from tasks.vl_common.beit3 import BEiT3Embedding, Pooler, encode, init_head
 
 
 class VQAHead(nn.Module):
-    def __init__(self, embed: BEiT3Embedding, dim: int, num_answers: int, eps: float = 1e-5):
+    def __init__(self, embed: BEiT3Embedding, dim: int, num_answers: int, eps: float = 1e-5, init_std: float = 0.02):
         super().__init__()
         self.embed = embed  # shared with the model's other VL heads
         self.pooler = Pooler(dim, eps)
         self.head = nn.Sequential(nn.Linear(dim, 2 * dim), nn.LayerNorm(2 * dim, eps=eps), nn.GELU(),
                                   nn.Linear(2 * dim, num_answers))  # BEiT-3's names: head.0, head.1, head.3
-        init_head(self.pooler)
-        init_head(self.head)
+        init_head(self.pooler, std=init_std)
+        init_head(self.head, std=init_std)
 
     def logits(self, backbone: nn.Module, batch: dict) -> torch.Tensor:
         x = encode(self.embed, backbone, text_ids=batch["text_ids"], text_padding_mask=batch["text_padding_mask"],

@@ -82,7 +82,8 @@ class VQA(VLTask):
 
     def build_head(self, shared=None) -> VQAHead:
         embed = self.embedding(shared if shared is not None else SharedModules())
-        return VQAHead(embed, self.backbone_cfg.dim, len(self.cfg.answers), self.backbone_cfg.layernorm_eps)
+        return VQAHead(embed, self.backbone_cfg.dim, len(self.cfg.answers), self.backbone_cfg.layernorm_eps,
+                       self.cfg.head_init_std)
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> VQADataset:
         c = self.cfg

@@ -209,3 +209,27 @@ def test_converted_vqa_model_answers_as_beit3(tmp_path):
         x = F.gelu(F.layer_norm(x, (2 * DIM,), s["head.1.weight"], s["head.1.bias"]))
         ref = F.linear(x, s["head.3.weight"], s["head.3.bias"])
     assert (ours - ref).abs().max() < TOL
+
+
+def test_conv_stem_keeps_the_token_grid_and_default_layout():
+    plain = BEiT3Embedding(100, 32, img_size=32, patch_size=8)
+    stem = BEiT3Embedding(100, 32, img_size=32, patch_size=8, conv_stem=True)
+    assert "patch_embed.proj.weight" in plain.state_dict()  # BEiT-3's layout unless asked
+    assert not any(k.startswith("patch_embed.proj.weight") for k in stem.state_dict())
+    images = torch.randn(2, 3, 32, 32)
+    assert stem.vision(images).shape == plain.vision(images).shape == (2, 1 + 16, 32)
+    # three stride-2 stages for 8 px patches: the stem sees pixels beyond one 8x8 patch
+    strides = [m.stride[0] for m in stem.patch_embed.proj if isinstance(m, nn.Conv2d)]
+    assert strides == [2, 2, 2, 1]
+    with pytest.raises(Exception, match="power of two"):
+        BEiT3Embedding(100, 32, img_size=36, patch_size=6, conv_stem=True)
+
+
+def test_init_head_std():
+    from tasks.vl_common.beit3 import init_head
+
+    layer = nn.Linear(64, 64)
+    init_head(layer)
+    assert layer.weight.abs().max() <= 0.02 and layer.bias.abs().max() == 0
+    init_head(layer, std=0.125)
+    assert 0.05 < layer.weight.std() < 0.08 and layer.weight.abs().max() <= 0.125
