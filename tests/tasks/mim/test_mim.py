@@ -112,3 +112,19 @@ def test_mim_pos_embed_init_sincos(tmp_path, mim_task, vision_config):
     assert torch.allclose(head.pos_embed[0, 1:], build_sincos2d_pos_embed(grid, cfg.backbone.dim))
     with pytest.raises(ConfigError, match="field 'pos_embed_init': must be one of trunc_normal, sincos"):
         resolve(OmegaConf.create(vision_config(tmp_path, "mim", {**mim_task, "pos_embed_init": "zeros"})))
+
+
+def test_mim_targets_benchmark_reads_the_tokens(vision_data, vision_tokenizer, capsys):
+    """benchmarks/mim_targets.py on a tiny tokenizer: code usage, colour R^2 and the three probes."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "mim_targets.py"
+    spec = importlib.util.spec_from_file_location("mim_targets", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main([str(vision_tokenizer), "--data", str(vision_data)]) == 0
+    out = capsys.readouterr().out
+    assert "of 64, perplexity" in out and "val R^2" in out and "chance 33.3" in out
+    scores = [float(line.rsplit(":", 1)[1]) for line in out.splitlines() if line.startswith("  ")]
+    assert len(scores) == 3 and all(0 <= s <= 100 for s in scores)
