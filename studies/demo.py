@@ -37,7 +37,7 @@ def stages() -> list[Recipe]:
     table order.
 
     Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
-    runs at a time: 2 x (6 + 3 + 2 + 1.5 + 1.4) run-minutes on idle cores (``minutes``), ~14 min.
+    runs at a time: 2 x (6 + 3 + 2 + 1.5 + 1.4) run-minutes on idle cores (``minutes``), ~14 min."""
     from studies.recipes import recipes
 
     return [r for r in recipes() if r.data and r.steps]
