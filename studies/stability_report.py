@@ -91,7 +91,8 @@ def write_report(out: Path, plans, outcomes: dict[tuple[str, int], list[Outcome]
             summary = summarize(runs, lambda o: (o.norm, o.lr))
             times = [o.wall_s for o in runs if o.wall_s is not None]
             per_run = f"{statistics.fmean(times):.0f} s" if times else "-"
-            title = f"{r.label or r.task}; the study's metric: {r.stability_metric}" if r.stability_metric else r.label
+            title = (f"{(r.label or r.task).split(' (')[0]} (held-out {r.stability_metric}, "
+                     f"{'higher' if higher else 'lower'} is better)" if r.stability_metric else r.label)
             parts += [f"## {title or r.task}, {depth} layers", "",
                       f"`{plan.config}` made deep and narrow: {depth} layers, {plan.about}. Metric `{key or r.metric}` "
                       f"x {r.scale:g} ({'higher' if higher else 'lower'} is better). Training time per run "

@@ -73,6 +73,11 @@ def test_plan(at_root, tmp_path):
                                 clip=None, quick=False, user=["schedule.warmup_steps=3"])
     assert quick.overrides[-1] == "schedule.warmup_steps=3" and "schedule.warmup_steps=1" in quick.overrides
 
+    asr = stability.plan_task(recipe("asr"), tmp_path / "data", depths=None, lrs=None, steps=None, clip=None,
+                              quick=False, user=[])
+    # read by its held-out loss; the transducer from the first step, so the loss is one sum throughout
+    assert recipe("asr").stability_metric == "loss" and "tasks.asr.rnnt_start=0" in asr.overrides
+
 
 def outcome(norm: str, lr: float, seed: int, verdict: str, acc=None, step=None) -> Outcome:
     return Outcome(f"{norm}_{lr}_{seed}", norm, seed, lr, 24, verdict, diverged_step=step,
