@@ -53,9 +53,13 @@ def main(argv=None) -> int:
 
     from tasks.vision_common.tokenizer import load_tokenizer
 
-    tok = load_tokenizer(a.tokenizer)
-    classes, xtr, ytr = images(a.data, "train", tok.img_size)
-    _, xva, yva = images(a.data, "val", tok.img_size, classes)
+    try:
+        tok = load_tokenizer(a.tokenizer)
+        classes, xtr, ytr = images(a.data, "train", tok.img_size)
+        _, xva, yva = images(a.data, "val", tok.img_size, classes)
+    except (OSError, ValueError) as e:  # a missing / unreadable tokenizer file or data folder: one line
+        print(f"mim_targets: error: {e}", file=sys.stderr)
+        return 2
     with torch.no_grad():
         ctr, cva = (torch.cat([tok(x[i:i + 250]) for i in range(0, len(x), 250)]) for x in (xtr, xva))
     k = tok.num_codes

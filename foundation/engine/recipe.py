@@ -32,7 +32,7 @@ class Recipe:
     # The study sets the depth and a narrow width (studies.stability.NARROW); these refine it.
     stability_steps: int = 0  # training steps of one run (0: the study's default, studies.stability.STEPS)
     stability_overrides: tuple[str, ...] = ()  # more overrides of the deep, narrow runs (batch, width, ...)
-    stability_lr: float = 0.0  # the ladder's lowest peak lr (0: the config's optim.lr / 9)
+    stability_lr: float = 0.0  # the ladder's lowest peak lr (0: the config's optim.lr / 3, studies.stability.LOWEST)
     stability_depths: tuple[int, ...] = ()  # its depths (): the study's (24, 48 where the budget allows)
     stability_metric: str = ""  # the study's metric if not `metric` (same direction), e.g. a loss where a short run cannot reach the metric
     before: tuple[str, ...] = ()  # a run every run needs first (config, overrides with {root} = data folder),

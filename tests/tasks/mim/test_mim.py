@@ -128,3 +128,5 @@ def test_mim_targets_benchmark_reads_the_tokens(vision_data, vision_tokenizer, c
     assert "of 64, perplexity" in out and "val R^2" in out and "chance 33.3" in out
     scores = [float(line.rsplit(":", 1)[1]) for line in out.splitlines() if line.startswith("  ")]
     assert len(scores) == 3 and all(0 <= s <= 100 for s in scores)
+    assert module.main([str(vision_tokenizer), "--data", "/no/such/folder"]) == 2  # one line, no traceback
+    assert "no such folder" in capsys.readouterr().err
