@@ -132,19 +132,38 @@ def relation(a: Obj, b: Obj, rel: str, radius: float) -> bool | None:
 
 # (family, train templates, held-out templates); {x} is a plural noun phrase. As in VQA v2,
 # whose validation questions use the training questions' words, a held-out template is a new
-# phrasing made of words the training templates use (a model learns the words, never the phrasing).
+# phrasing made of words and word orders the training templates use (a model learns the words,
+# never the phrasing). Each family has many training phrasings, as real questions do: with a
+# handful, a model learns the templates instead of the words (e.g. "show" only in a count
+# template made the held-out "Does the image show any ...?" a count question).
 QUESTION_TEMPLATES = {
-    "count": (["How many {x} are there?", "How many {x} are in the picture?", "What is the number of {x} in the image?",
-               "How many {x} does the image show?"], ["In the picture, how many {x} are there?"]),
-    "color": (["What color is the {shape}?", "What is the color of the {shape}?", "Which color does the {shape} have?",
-               "What color does the {shape} in the image have?"], ["The {shape} in the picture is which color?"]),
-    "shape": (["What shape is the {color} object?", "What is the shape of the {color} thing?",
-               "Which shape does the {color} object have?", "What is the shape of the {color} object in the image?"],
-              ["What shape does the {color} thing in the picture have?"]),
-    "exist": (["Is there a {color} {shape}?", "Are there any {color} {shape}s?", "Does the picture contain a {color} {shape}?",
-               "Is there a {color} {shape} in the image?"], ["Does the image show any {color} {shape}s?"]),
+    "count": (["How many {x} are there?", "How many {x} are in the picture?", "How many {x} are in the image?",
+               "How many {x} can you see?", "How many {x} can you see in the picture?",
+               "How many {x} does the image show?", "How many {x} does the picture contain?",
+               "What is the number of {x} in the image?", "What is the number of {x}?",
+               "In the image, how many {x} are there?", "How many {x} are visible?"],
+              ["In the picture, how many {x} are there?", "How many {x} does the picture show?"]),
+    "color": (["What color is the {shape}?", "What color is the {shape} in the image?", "What is the color of the {shape}?",
+               "What is the color of the {shape} in the picture?", "Which color does the {shape} have?",
+               "What color does the {shape} in the image have?", "In the picture, what color is the {shape}?",
+               "Which color is the {shape}?", "The {shape} in the image is which color?"],
+              ["The {shape} in the picture is which color?", "In the image, which color does the {shape} have?"]),
+    "shape": (["What shape is the {color} object?", "What shape is the {color} thing?", "What is the shape of the {color} thing?",
+               "What is the shape of the {color} object in the image?", "Which shape does the {color} object have?",
+               "Which shape is the {color} thing in the picture?", "In the image, what shape is the {color} object?",
+               "What shape does the {color} object in the image have?", "The {color} thing in the picture is which shape?"],
+              ["What shape does the {color} thing in the picture have?", "The {color} object in the image is which shape?"]),
+    "exist": (["Is there a {color} {shape}?", "Is there a {color} {shape} in the image?", "Is there a {color} {shape} in the picture?",
+               "Are there any {color} {shape}s?", "Are there any {color} {shape}s in the picture?",
+               "Does the picture contain a {color} {shape}?", "Does the image contain any {color} {shape}s?",
+               "Does the picture show a {color} {shape}?", "Can you see a {color} {shape}?", "In the image, is there a {color} {shape}?",
+               "Is a {color} {shape} visible?"],
+              ["Does the image show any {color} {shape}s?", "Can you see any {color} {shape}s in the picture?"]),
     "spatial": (["Is the {a} {rel} the {b}?", "Is the {a} located {rel} the {b}?", "Would you say the {a} is {rel} the {b}?",
-                 "In the image, is the {a} {rel} the {b}?"], ["In the picture, is the {a} located {rel} the {b}?"]),
+                 "In the image, is the {a} {rel} the {b}?", "Is the {a} {rel} the {b} in the picture?",
+                 "Is the {a} placed {rel} the {b}?", "Would you say the {a} is located {rel} the {b}?",
+                 "In the picture, is the {a} placed {rel} the {b}?"],
+                ["In the picture, is the {a} located {rel} the {b}?", "Would you say the {a} is placed {rel} the {b} in the image?"]),
 }
 ANSWER_TYPES = {"count": "number", "color": "other", "shape": "other", "exist": "yes/no", "spatial": "yes/no"}
 
