@@ -66,7 +66,7 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
         ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 1100, "top1", 100, ("init_from=null",), 3),
         ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
         ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
-        ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 500, "vqa_accuracy", 100, (), 1.5),
+        ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 1000, "vqa_accuracy", 100, (), 2.5),
         ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 400, "accuracy", 100, (), 1.4),
     ]
     assert [demo.data_overrides(s, Path("data"))[0] for s in demo.stages()] == [
