@@ -340,47 +340,80 @@ def text_corpus(out: Path, name: str, lines: int, seed: int, spec: SceneSpec) ->
 
 # --------------------------------------------------------------------------- NLVR2 statements
 
+# A noun phrase names objects by colour + shape, by shape or by colour: (colour, shape), None = any.
+PHRASES = ([(c, s) for c in COLORS for s in SHAPES], [(None, s) for s in SHAPES], [(c, None) for c in COLORS])
 
-def _np(o: Obj, kind: int, n: int) -> str:
-    """A noun phrase for ``n`` objects like ``o``: by colour+shape, shape, or colour."""
-    word = [o.name, o.shape, f"{o.color} object"][kind]
+
+def _np(color: str | None, shape: str | None, n: int) -> str:
+    """The noun phrase for ``n`` objects of ``color`` / ``shape``: "red circle", "squares", "blue objects"."""
+    word = f"{color} {shape}" if color and shape else shape or f"{color} object"
     return word if n == 1 else word + "s"
 
 
-def _covered(objs: list[Obj], o: Obj, kind: int) -> int:
-    return count(objs, *[(o.color, o.shape), (None, o.shape), (o.color, None)][kind])
+def _covered(objs: list[Obj], color: str | None, shape: str | None) -> int:
+    return count(objs, color, shape)
 
 
-STATEMENTS = {  # (train templates, held-out templates: new phrasings of the training words)
+# The kinds of real NLVR2 sentences (Suhr et al. 2019, Table 3: existence, cardinality, universal
+# / coordination over the two images, comparison, spatial relations inside one image).
+# kind: (train templates, held-out templates: new phrasings of the training words). {x} / {xp} /
+# {xs}: a noun phrase ({n} of them, plural, singular); {a} / {b}: objects by colour + shape.
+STATEMENTS = {
+    "exist": (["The {side} image contains a {xs}.", "There is a {xs} in the {side} image.", "The {side} image shows a {xs}."],
+              ["There is at least one {xs} in the {side} image."]),
+    "one": (["One image shows a {xs} and the other image does not.", "Only one of the two images has a {xs}.",
+             "There is a {xs} in only one of the images."], ["Only one image contains a {xs}."]),
+    "both": (["Both images contain a {xs}.", "Each image has at least one {xs}.", "There is a {xs} in each image."],
+             ["In both images there is at least one {xs}."]),
+    "atleast": (["The {side} image contains at least {n} {x}.", "There are at least {n} {x} in the {side} image.",
+                 "The {side} image shows at least {n} {x}."], ["At least {n} {x} are in the {side} image."]),
     "exact": (["The {side} image contains exactly {n} {x}.", "There {be} exactly {n} {x} in the {side} image.",
                "In the {side} image there {be} exactly {n} {x}."], ["Exactly {n} {x} {be} in the {side} image."]),
     "more": (["There are more {xp} in the left image than in the right image.",
               "The right image has fewer {xp} than the left image.", "The left image has more {xp} than the right image."],
              ["The right image contains fewer {xp} than the left image."]),
-    "both": (["Both images contain a {xs}.", "Each image has at least one {xs}.", "There is a {xs} in each image."],
-             ["In both images there is at least one {xs}."]),
     "total": (["There are {n} {x} in total.", "In total, the two images contain {n} {x}.",
                "The two images contain {n} {x} in total."], ["In total there are {n} {x} in the two images."]),
+    "spatial": (["In the {side} image, a {a} is {rel} a {b}.", "The {side} image shows a {a} {rel} a {b}.",
+                 "There is a {a} {rel} a {b} in the {side} image."], ["A {a} is {rel} a {b} in the {side} image."]),
 }
+COUNTING = ("atleast", "exact", "more", "total")  # a false statement names objects the pair has, when it can
 
 
-def statement(rng, left: list[Obj], right: list[Obj], held_out: bool) -> tuple[str, bool]:
+def statement(rng, left: list[Obj], right: list[Obj], held_out: bool, radius: float) -> tuple[str, str] | None:
+    """A true and a false statement about the pair that differ only in the objects they name
+    (same kind, template, side and number), or None when this draw has no such two.
+
+    The two share everything but the object words, and colours / shapes are symmetric, so the
+    text alone is at chance; the image pair decides which statement is true."""
     kind = str(rng.choice(list(STATEMENTS)))
     templates = STATEMENTS[kind][1 if held_out else 0]
     t = templates[int(rng.integers(len(templates)))]
-    pool = left + right
-    o, nk = pool[int(rng.integers(len(pool)))], int(rng.integers(3))
-    cl, cr = _covered(left, o, nk), _covered(right, o, nk)
-    if kind == "exact":
-        side, actual = ("left", cl) if rng.random() < 0.5 else ("right", cr)
-        n = int(np.clip(actual + rng.choice([0, 0, -1, 1]), 1, 4))
-        return t.format(side=side, n=NUMBER_WORDS[n], x=_np(o, nk, n), be="is" if n == 1 else "are"), n == actual
-    if kind == "more":
-        return t.format(xp=_np(o, nk, 2)), cl > cr
-    if kind == "both":
-        return t.format(xs=_np(o, nk, 1)), cl > 0 and cr > 0
-    n = int(np.clip(cl + cr + rng.choice([0, 0, -1, 1]), 1, 5))
-    return t.format(n=NUMBER_WORDS[n], x=_np(o, nk, n)), n == cl + cr
+    side = "left" if rng.random() < 0.5 else "right"
+    scene = left if side == "left" else right
+    if kind == "spatial":
+        rel = str(rng.choice(list(RELATIONS)))
+        named = unique_by(scene, "name")
+        fills = [(a, b, relation(a, b, rel, radius)) for a in named for b in named if a is not b]
+        fills = [(a.name, b.name, truth) for a, b, truth in fills if truth is not None]
+        texts = {v: [t.format(side=side, a=a, rel=RELATIONS[rel], b=b) for a, b, truth in fills if truth == v]
+                 for v in (True, False)}
+    else:
+        n = int(rng.integers(2, 4)) if kind == "atleast" else int(rng.integers(1, 5 if kind == "total" else 4))
+        truths, present = {}, {}
+        for color, shape in PHRASES[int(rng.integers(3))]:
+            cl, cr, cs = _covered(left, color, shape), _covered(right, color, shape), _covered(scene, color, shape)
+            truths[color, shape] = {"exist": cs > 0, "one": (cl > 0) != (cr > 0), "both": cl > 0 and cr > 0,
+                                    "atleast": cs >= n, "exact": cs == n, "more": cl > cr, "total": cl + cr == n}[kind]
+            present[color, shape] = (cs if kind in ("atleast", "exact") else cl + cr) > 0
+        if kind in COUNTING and any(present[p] and not v for p, v in truths.items()):
+            truths = {p: v for p, v in truths.items() if v or present[p]}
+        texts = {v: [t.format(side=side, n=NUMBER_WORDS[n], be="is" if n == 1 else "are", x=_np(*p, n),
+                              xp=_np(*p, 2), xs=_np(*p, 1)) for p, truth in truths.items() if truth == v]
+                 for v in (True, False)}
+    if not texts[True] or not texts[False]:
+        return None
+    return tuple(texts[v][int(rng.integers(len(texts[v])))] for v in (True, False))
 
 
 def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, spec: SceneSpec) -> int:
@@ -395,20 +428,21 @@ def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, spec:
         prefix = f"{name}-{k}-0"
         for side, objs in enumerate(scenes):
             render(objs, size, spec.radius, rng).save(img_dir / f"{prefix}-img{side}.png")
-        wanted = [True, False]
-        for _ in range(300):  # one true and one false statement per pair
-            held_out = name == "dev" and rng.random() < 0.5
-            text, truth = statement(rng, *scenes, held_out)
-            if truth in wanted:
-                wanted.remove(truth)
-                rec = {"identifier": f"{prefix}-{1 - len(wanted)}", "sentence": text, "label": str(truth),
-                       "left_url": "", "right_url": "", "writer": "demo", "synset": "", "query": "",
-                       "validation": {}, "extra_validations": {}}
-                if name == "train":
-                    rec["directory"] = directory
-                records.append(rec)
-                if not wanted:
-                    break
+        held_out = name == "dev" and rng.random() < 0.5
+        for _ in range(1000):  # one true and one false statement per pair, of one kind (real NLVR2: a
+            pair = statement(rng, *scenes, held_out, spec.radius)  # sentence is true of some pairs, false of others)
+            if pair is not None:
+                break
+        else:
+            raise ValueError(f"NLVR2 pair {k}: no true and false statement found")
+        order = [True, False] if rng.random() < 0.5 else [False, True]
+        for j, truth in enumerate(order):
+            rec = {"identifier": f"{prefix}-{j}", "sentence": pair[0 if truth else 1], "label": str(truth),
+                   "left_url": "", "right_url": "", "writer": "demo", "synset": "", "query": "",
+                   "validation": {}, "extra_validations": {}}
+            if name == "train":
+                rec["directory"] = directory
+            records.append(rec)
     path = out / "nlvr2" / "data" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
