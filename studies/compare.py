@@ -68,9 +68,14 @@ def norm_overrides(norm: str) -> list[str]:
     return [f"backbone.{k}={v}" for k, v in preset.items()]
 
 
+def run_name(norm: str, lr: float, seed) -> str:
+    """A run's directory name under OUT/runs (``seed`` may be the placeholder "{seed}")."""
+    return f"{norm}_lr{fmt_lr(lr)}_seed{seed}"
+
+
 def grid(norms: Sequence[str], seeds: Sequence[int], lrs: Sequence[float]) -> list[RunSpec]:
     """norm-major, then lr, then seed: the runs of one norm finish together."""
-    return [RunSpec(f"{norm}_lr{fmt_lr(lr)}_seed{seed}", norm, seed, lr,
+    return [RunSpec(run_name(norm, lr, seed), norm, seed, lr,
                     overrides=[*norm_overrides(norm), f"seed={seed}", f"optim.lr={lr!r}"])
             for norm in norms for lr in lrs for seed in seeds]
 
@@ -91,8 +96,8 @@ class Runner:
         return f"This invocation trained {self.trained} of the {total} runs in {self.seconds:.0f} s of wall time."
 
     def run_overrides(self, spec: RunSpec) -> list[str]:
-        return [*self.user, *spec.overrides, f"output_dir={self.out / 'runs'}", f"run_name={spec.name}",
-                "log.progress=false"]
+        return [*per_run(self.user, spec.norm, spec.seed), *spec.overrides, f"output_dir={self.out / 'runs'}",
+                f"run_name={spec.name}", "log.progress=false"]
 
     def resolve(self, spec: RunSpec):
         from foundation.engine.config import load_config
@@ -201,6 +206,12 @@ def parse_seeds(text: str, base: int = 0) -> list[int]:
     return [base + i for i in range(n)]
 
 
+def per_run(overrides: Sequence[str], norm: str, seed: int) -> list[str]:
+    """``{norm}`` and ``{seed}`` in an override become the run's, e.g. to start each run from the
+    same norm and seed of another comparison: ``init_from=runs/compare-vqa/runs/{norm}_lr0.001_seed{seed}/best/model.safetensors``."""
+    return [o.replace("{norm}", norm).replace("{seed}", str(seed)) for o in overrides]
+
+
 def check_overrides(overrides: Sequence[str], owned: Sequence[str]) -> None:
     for o in overrides:
         key = o.partition("=")[0].strip().lstrip("-")
@@ -219,6 +230,8 @@ examples:
   foundation compare configs/seq2seq/tiny.yaml --norms postln,preln,deepnorm,magneto --seeds 3
   foundation compare configs/seq2seq/tiny.yaml --lrs 1e-3,3e-3,1e-2,3e-2,1e-1 --out runs/lr-sweep train.steps=200
   foundation compare configs/vision/tiny_finetune_magneto.yaml --seeds 2 train.steps=100
+  foundation compare configs/vl/tiny_nlvr2_magneto.yaml --seeds 2 \
+      init_from=runs/compare-vqa/runs/{norm}_lr0.001_seed{seed}/best/model.safetensors   # {norm}, {seed}: each run's
   foundation compare depth                                              # DeepNet's depth figure in miniature
   foundation compare depth --thousand                                   # 500L-500L, deepnorm and magneto
   foundation compare pretraining --seeds 2                              # cross-modal vs own-modality pretraining
@@ -274,8 +287,9 @@ def main(argv: Sequence[str]) -> int:
     try:
         norms = parse_norms(args.norms)
         check_overrides(args.overrides, OWNED)
-        base, _ = load_config(args.config, args.overrides)  # a bad path or override fails here, named
-        seeds = parse_seeds(args.seeds, base.seed)
+        plain = [o for o in args.overrides if "{norm}" not in o and "{seed}" not in o]
+        seeds = parse_seeds(args.seeds, load_config(args.config, plain, check_data=False)[0].seed)
+        base, _ = load_config(args.config, per_run(args.overrides, norms[0], seeds[0]))  # a bad path or override fails here, named
         lrs = parse_floats(args.lrs) if args.lrs is not None else [base.optim.lr]
         rules = rules_from_args(args)
     except (ValueError, ConfigError) as e:

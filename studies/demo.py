@@ -133,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(wanted) - set(names))
         if unknown:
             p.error(f"--only: unknown stage(s) {', '.join(unknown)}; known: {', '.join(names)}")
-        chosen = [s for s in every if s.stage_name in wanted]
+        needed = {s.init_from_stage for s in every if s.stage_name in wanted} - set(wanted)
+        chosen = [s for s in every if s.stage_name in wanted or s.stage_name in needed]
     if a.steps_scale <= 0 or a.jobs < 1:
         p.error("--steps-scale must be > 0 and --jobs >= 1")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread per run is fastest
@@ -148,19 +149,37 @@ def main(argv: list[str] | None = None) -> int:
     make_data(sorted({s.data for s in chosen}), a.data, say)
 
     say(f"[2/3] Pre-LN vs Magneto, {len(chosen)} tasks x {len(NORMS)} runs, {a.jobs} at a time -> {a.out}/")
-    from studies.compare import compare
+    from studies.compare import compare, run_name
 
     results: dict[str, dict] = {}
+    finished = {s.stage_name: threading.Event() for s in chosen}
+
+    def stage_overrides(stage: Recipe) -> list[str]:
+        steps = max(1, round(stage.steps * a.steps_scale))
+        return [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps}",
+                "eval.every=0", "save.every=0", "save.keep=1"]
 
     def run_stage(stage: Recipe) -> None:
+        try:
+            run_one(stage)
+        finally:
+            finished[stage.stage_name].set()
+
+    def run_one(stage: Recipe) -> None:
         name, config = stage.stage_name, stage.config.format(norm="magneto")  # compare sets the norm per run
         steps = max(1, round(stage.steps * a.steps_scale))
         out = a.out / name
-        overrides = [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps}",
-                     "eval.every=0", "save.every=0", "save.keep=1"]
+        overrides = stage_overrides(stage)
+        lr = _config_lr(config, overrides)
+        if stage.init_from_stage:  # each run starts from that stage's run of the same norm and seed
+            dep = next(s for s in chosen if s.stage_name == stage.init_from_stage)
+            finished[dep.stage_name].wait()
+            dep_lr = _config_lr(dep.config.format(norm="magneto"), stage_overrides(dep))
+            overrides.append(f"init_from={a.out / dep.stage_name / 'runs' / run_name('{norm}', dep_lr, '{seed}')}"
+                             "/best/model.safetensors")
         t0 = time.perf_counter()
         say(f"  {name}: {steps} steps per run ...")
-        rc = compare(Path(config), out, NORMS, [0], [_config_lr(config, overrides)], overrides,
+        rc = compare(Path(config), out, NORMS, [0], [lr], overrides,
                      command=f"foundation demo (stage {name})", say=lambda text: say(f"  {name}: {text}"))
         seconds = time.perf_counter() - t0
         if rc:
@@ -168,9 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         results[name] = {**read_result(stage, out, steps, seconds), "baseline": baseline(stage, a.data)}
         say(f"  {name}: done in {seconds:.0f} s -> {out}/report.md")
 
-    # stages run side by side, longest first; the runs of one stage one after the other
+    # stages run side by side, longest first (a stage after the one it starts from); the runs of
+    # one stage one after the other
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        list(pool.map(run_stage, sorted(chosen, key=lambda s: -s.minutes)))
+        list(pool.map(run_stage, start_order(chosen)))
 
     say(f"[3/3] summary ({time.perf_counter() - start:.0f} s in all)")
     table = summary_table(results, every)
@@ -181,6 +201,19 @@ def main(argv: list[str] | None = None) -> int:
     say("'without learning': what the metric is for a model that learnt nothing (chance, the answer prior); "
         "README: what each row reaches and its bar")
     return 0
+
+
+def start_order(chosen: list[Recipe]) -> list[Recipe]:
+    """Longest first, each stage after the stage it starts from (so a worker never waits on a
+    stage that no worker has taken)."""
+    order: list[Recipe] = []
+    for stage in sorted(chosen, key=lambda s: -s.minutes):
+        dep = next((s for s in chosen if s.stage_name == stage.init_from_stage), None)
+        if dep is not None and dep not in order:
+            order.append(dep)
+        if stage not in order:
+            order.append(stage)
+    return order
 
 
 def _config_lr(config: str, overrides: list[str]) -> float:

@@ -228,3 +228,13 @@ def test_registered_in_the_cli(capsys):
         cli.main(["compare", "depth", "--help"])
     text = capsys.readouterr().out
     assert "--thousand" in text and "--depths" in text
+
+
+def test_norm_and_seed_placeholders_in_overrides():
+    from studies.compare import Runner, grid, per_run
+
+    assert per_run(["init_from=runs/c/runs/{norm}_lr0.001_seed{seed}/best/model.safetensors", "train.steps=5"],
+                   "preln", 1) == ["init_from=runs/c/runs/preln_lr0.001_seed1/best/model.safetensors", "train.steps=5"]
+    runner = Runner(Path("x.yaml"), Path("out"), ["init_from=v/{norm}/{seed}.safetensors"])
+    got = [next(o for o in runner.run_overrides(s) if o.startswith("init_from")) for s in grid(["preln", "magneto"], [0, 1], [1e-3])]
+    assert got == [f"init_from=v/{n}/{s}.safetensors" for n in ("preln", "magneto") for s in (0, 1)]

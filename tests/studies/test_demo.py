@@ -67,10 +67,37 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
         ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
         ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
         ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 1000, "vqa_accuracy", 100, (), 2.5),
-        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 400, "accuracy", 100, (), 1.4),
+        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 800, "accuracy", 100, (), 1.8),
     ]
     assert [demo.data_overrides(s, Path("data"))[0] for s in demo.stages()] == [
         "tasks.classification.data_dir=data/vision-demo", "tasks.segmentation.data_root=data/ade-demo",
         "tasks.asr.data_dir=data/speech-demo", "tasks.vqa.data_dir=data/vl/vqa", "tasks.nlvr2.data_dir=data/vl/nlvr2"]
     assert [s.baseline or s.prior for s in demo.stages()] == [
         "chance 10.0", "one class everywhere <= 12.5", "nothing recognised 100", "tasks.vqa.prior", "chance 50.0"]
+
+
+def test_nlvr2_stage_starts_from_the_vqa_runs(tmp_path, capsys):
+    """--only nlvr2 brings in the VQA stage it starts from; each NLVR2 run loads the VQA run of
+    its own norm and seed."""
+    from omegaconf import OmegaConf
+
+    data, out = tmp_path / "data", tmp_path / "out"
+    rc = demo.main(["--only", "nlvr2", "--steps-scale", "0.005", "--data", str(data), "--out", str(out), "--jobs", "2"])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "vqa: 5 steps per run" in printed and "nlvr2: 4 steps per run" in printed
+    for norm in demo.NORMS:
+        run = out / "nlvr2" / "runs" / f"{norm}_lr0.001_seed0"
+        source = out / "vqa" / "runs" / f"{norm}_lr0.001_seed0" / "best" / "model.safetensors"
+        assert OmegaConf.load(run / "config.yaml").init_from == str(source) and source.is_file()
+        assert f"init_from {source}: loaded" in (run / "train.log").read_text()
+    table = (out / "summary.md").read_text()
+    assert "| VQA" in table and "| NLVR2" in table
+
+
+def test_a_stage_starts_after_the_stage_it_starts_from():
+    by_name = {s.stage_name: s for s in demo.stages()}
+    order = [s.stage_name for s in demo.start_order([by_name["nlvr2"], by_name["vision"], by_name["vqa"]])]
+    assert order.index("vqa") < order.index("nlvr2") and len(order) == 3
+    order = [s.stage_name for s in demo.start_order([by_name["nlvr2"], by_name["vqa"]])]
+    assert order == ["vqa", "nlvr2"]
