@@ -152,45 +152,57 @@ def main(argv: list[str] | None = None) -> int:
     from studies.compare import compare, run_name
 
     results: dict[str, dict] = {}
-    finished = {s.stage_name: threading.Event() for s in chosen}
+    finished = {(s.stage_name, n): threading.Event() for s in chosen for n in NORMS}
+    left = {s.stage_name: len(NORMS) for s in chosen}
+    began: dict[str, float] = {}
 
     def stage_overrides(stage: Recipe) -> list[str]:
         steps = max(1, round(stage.steps * a.steps_scale))
-        return [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps}",
-                "eval.every=0", "save.every=0", "save.keep=1"]
+        overrides = [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps}",
+                     "eval.every=0", "save.every=0", "save.keep=1"]
+        return overrides
 
-    def run_stage(stage: Recipe) -> None:
-        try:
-            run_one(stage)
-        finally:
-            finished[stage.stage_name].set()
-
-    def run_one(stage: Recipe) -> None:
+    def stage_compare(stage: Recipe, norms) -> int:
         name, config = stage.stage_name, stage.config.format(norm="magneto")  # compare sets the norm per run
-        steps = max(1, round(stage.steps * a.steps_scale))
-        out = a.out / name
         overrides = stage_overrides(stage)
         lr = _config_lr(config, overrides)
         if stage.init_from_stage:  # each run starts from that stage's run of the same norm and seed
             dep = next(s for s in chosen if s.stage_name == stage.init_from_stage)
-            finished[dep.stage_name].wait()
             dep_lr = _config_lr(dep.config.format(norm="magneto"), stage_overrides(dep))
             overrides.append(f"init_from={a.out / dep.stage_name / 'runs' / run_name('{norm}', dep_lr, '{seed}')}"
                              "/best/model.safetensors")
-        t0 = time.perf_counter()
-        say(f"  {name}: {steps} steps per run ...")
-        rc = compare(Path(config), out, NORMS, [0], [lr], overrides,
-                     command=f"foundation demo (stage {name})", say=lambda text: say(f"  {name}: {text}"))
-        seconds = time.perf_counter() - t0
-        if rc:
-            say(f"  {name}: failed (exit {rc}); see {out}/runs/")
-        results[name] = {**read_result(stage, out, steps, seconds), "baseline": baseline(stage, a.data)}
-        say(f"  {name}: done in {seconds:.0f} s -> {out}/report.md")
+        return compare(Path(config), a.out / name, norms, [0], [lr], overrides,
+                       command=f"foundation demo (stage {name})", say=lambda text: say(f"  {name}: {text}"))
 
-    # stages run side by side, longest first (a stage after the one it starts from); the runs of
-    # one stage one after the other
+    def run_item(item: tuple[Recipe, str]) -> None:
+        stage, norm = item
+        name = stage.stage_name
+        try:
+            if stage.init_from_stage:
+                finished[stage.init_from_stage, norm].wait()
+            with lock:
+                if name not in began:
+                    began[name] = time.perf_counter()
+                    print(f"  {name}: {max(1, round(stage.steps * a.steps_scale))} steps per run ...", flush=True)
+            stage_compare(stage, [norm])
+        finally:
+            finished[name, norm].set()
+            with lock:
+                left[name] -= 1
+                last = not left[name]
+        if last:  # both runs done: the stage's report over both, and its row
+            rc = stage_compare(stage, NORMS)
+            out, steps = a.out / name, max(1, round(stage.steps * a.steps_scale))
+            seconds = time.perf_counter() - began[name]
+            if rc:
+                say(f"  {name}: failed (exit {rc}); see {out}/runs/")
+            results[name] = {**read_result(stage, out, steps, seconds), "baseline": baseline(stage, a.data)}
+            say(f"  {name}: done in {seconds:.0f} s -> {out}/report.md")
+
+    # every run its own job, longest first (a stage's runs after the runs they start from), so that
+    # the two threads finish together
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        list(pool.map(run_stage, start_order(chosen)))
+        list(pool.map(run_item, [(s, n) for s in start_order(chosen) for n in NORMS]))
 
     say(f"[3/3] summary ({time.perf_counter() - start:.0f} s in all)")
     table = summary_table(results, every)
