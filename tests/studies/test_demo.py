@@ -63,11 +63,11 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
     got = [(s.stage_name, s.config.format(norm="magneto"), s.data, s.steps, s.metric, s.scale, s.overrides,
             s.minutes) for s in demo.stages()]
     assert got == [
-        ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 1100, "top1", 100, ("init_from=null",), 3),
+        ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 900, "top1", 100, ("init_from=null",), 2.3),
         ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
-        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
+        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1300, "wer_test", 1, (), 6.0),
         ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 1000, "vqa_accuracy", 100, (), 2.5),
-        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 800, "accuracy", 100, (), 1.8),
+        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 600, "accuracy", 100, (), 1.4),
     ]
     assert [demo.data_overrides(s, Path("data"))[0] for s in demo.stages()] == [
         "tasks.classification.data_dir=data/vision-demo", "tasks.segmentation.data_root=data/ade-demo",
