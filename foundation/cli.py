@@ -10,7 +10,7 @@ import sys
 # (words, module, description)
 COMMANDS = [
     (("demo",), "studies.demo:main",
-     "make the demo data and compare Pre-LN with Magneto on every modality, ~12 min on 2 CPU cores"),
+     "make the demo data and compare Pre-LN with Magneto on every modality, ~15 min on 2 CPU cores"),
     (("train",), "foundation.engine.cli:train_main", "train from a YAML config: foundation train CONFIG [key=value ...]"),
     (("eval",), "foundation.engine.cli:eval_main", "evaluate a checkpoint: foundation eval CONFIG checkpoint=PATH"),
     (("plot",), "studies.plots:main", "draw a run's loss/metric curves: foundation plot RUN_DIR"),

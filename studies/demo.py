@@ -1,6 +1,6 @@
 """``foundation demo``: Pre-LN against Magneto on every modality, from nothing, in minutes.
 
-    foundation demo                         # data/ + runs/demo, ~12 minutes on 2 idle CPU cores
+    foundation demo                         # data/ + runs/demo, ~15 minutes on 2 idle CPU cores
     foundation demo --only vision,vqa       # a subset
     foundation demo --steps-scale 5         # 5x longer runs (closer to the README's tables)
 
@@ -12,8 +12,10 @@ under ``--out``: the same command again reuses what finished and resumes the res
 
 Each row shows, beside the two rules' numbers, what the metric is without learning
 (chance, the VQA answer prior computed from the data), so a reader sees whether the runs
-learnt. Stages start longest first (speech: two ~5-minute runs) so that the two threads
-finish together: 12 min 12 s from nothing on 2 idle cores, measured (data: 20 s).
+learnt. Every run is its own job, longest first (speech: two ~6-minute runs), so that the
+two threads finish together; a stage whose recipe names ``init_from_stage`` (NLVR2: VQA)
+starts each run from that stage's run of the same norm and seed, once it has finished.
+14 min 57 s from nothing on 2 otherwise idle cores, measured (data: 20 s).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ def stages() -> list[Recipe]:
     table order.
 
     Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
-    runs at a time: 2 x (6 + 3 + 2 + 1.5 + 1.4) run-minutes on idle cores (``minutes``), ~14 min."""
+    runs at a time: 2 x (6 + 2.3 + 2.5 + 2 + 1.4) run-minutes (``minutes``) / 2, ~15 min."""
     from studies.recipes import recipes
 
     return [r for r in recipes() if r.data and r.steps]
