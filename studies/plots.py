@@ -160,6 +160,9 @@ def plot_curves(outcomes: Sequence[Outcome], path: Path, primary: str, column: C
         if low > 0 and high / low > 10:  # a blow-up: log scale; otherwise plain numbers read better
             ax_loss.set_yscale("log")
         ax_loss.grid(alpha=0.3, which="both")
+        low, high = ax_metric.dataLim.intervaly  # the values, not the padded axis
+        if low > 0 and high / low > 100:  # e.g. a WER of 3000 % before the decoder works: log scale
+            ax_metric.set_yscale("log")
         ax_metric.grid(alpha=0.3)
         ax_metric.set_xlabel("step")
         if c == 0:
