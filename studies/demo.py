@@ -158,11 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     left = {s.stage_name: len(NORMS) for s in chosen}
     began: dict[str, float] = {}
 
+    def steps(stage: Recipe) -> int:
+        return max(1, round(stage.steps * a.steps_scale))
+
     def stage_overrides(stage: Recipe) -> list[str]:
-        steps = max(1, round(stage.steps * a.steps_scale))
-        overrides = [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps}",
-                     "eval.every=0", "save.every=0", "save.keep=1"]
-        return overrides
+        return [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps(stage)}",
+                "eval.every=0", "save.every=0", "save.keep=1"]
 
     def stage_compare(stage: Recipe, norms) -> int:
         name, config = stage.stage_name, stage.config.format(norm="magneto")  # compare sets the norm per run
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             with lock:
                 if name not in began:
                     began[name] = time.perf_counter()
-                    print(f"  {name}: {max(1, round(stage.steps * a.steps_scale))} steps per run ...", flush=True)
+                    print(f"  {name}: {steps(stage)} steps per run ...", flush=True)
             stage_compare(stage, [norm])
         finally:
             finished[name, norm].set()
@@ -194,11 +195,10 @@ def main(argv: list[str] | None = None) -> int:
                 last = not left[name]
         if last:  # both runs done: the stage's report over both, and its row
             rc = stage_compare(stage, NORMS)
-            out, steps = a.out / name, max(1, round(stage.steps * a.steps_scale))
-            seconds = time.perf_counter() - began[name]
+            out, seconds = a.out / name, time.perf_counter() - began[name]
             if rc:
                 say(f"  {name}: failed (exit {rc}); see {out}/runs/")
-            results[name] = {**read_result(stage, out, steps, seconds), "baseline": baseline(stage, a.data)}
+            results[name] = {**read_result(stage, out, steps(stage), seconds), "baseline": baseline(stage, a.data)}
             say(f"  {name}: done in {seconds:.0f} s -> {out}/report.md")
 
     # every run its own job, longest first (a stage's runs after the runs they start from), so that
