@@ -465,6 +465,29 @@ def is_held_out(text: str) -> bool:
     return any(p.match(text) for p in _HELD_OUT)
 
 
+# the most specific template first: "There is a {a} {rel} a {b} in the {side} image." (spatial) also
+# matches "There is a {xs} in the {side} image." (exist)
+_KINDS = {name: [(kind, _pattern(t)) for kind, t in sorted(
+    ((kind, t) for kind, (train, held) in table.items() for t in train + held),
+    key=lambda kt: -len(re.sub(r"\{[a-z]+\}", "", kt[1])))]
+    for name, table in (("question", QUESTION_TEMPLATES), ("statement", STATEMENTS))}
+_COLOR_WORD = re.compile(r"\b(?:%s)\b" % "|".join(COLORS))
+_SHAPE_WORD = re.compile(r"\b(?:%s)s?\b" % "|".join(SHAPES))
+
+
+def kind_of(text: str) -> str | None:
+    """The family of a demo question (count, color, ...) or the kind of a demo statement
+    (exist, total, ...); None for other text. For breaking a model's accuracy down."""
+    table = _KINDS["statement" if text.rstrip().endswith(".") else "question"]
+    return next((kind for kind, p in table if p.match(text)), None)
+
+
+def names_objects_by(text: str) -> str:
+    """How a demo text names objects: "colour + shape", "shape", "colour" or "-" (none)."""
+    color, shape = bool(_COLOR_WORD.search(text)), bool(_SHAPE_WORD.search(text))
+    return {(True, True): "colour + shape", (False, True): "shape", (True, False): "colour"}.get((color, shape), "-")
+
+
 # --------------------------------------------------------------------------- writing
 
 

@@ -380,3 +380,36 @@ def test_a_loaded_model_saves_its_metadata_again(classifier, tmp_path):
     again = checkpoint.read_meta(tmp_path / "again.safetensors")
     assert again == checkpoint.read_meta(classifier / "model.safetensors")
     torch.testing.assert_close(checkpoint.load(tmp_path / "again.safetensors").state_dict(), model.state_dict())
+
+
+def test_vl_breakdown_scores_every_item_once(vl_runs, tmp_path):
+    """benchmarks/vl_breakdown.py: every evaluation item lands in one family / kind and one
+    naming group, and the VQA groups average to the official accuracy of predict_split."""
+    import importlib.util
+
+    from tasks.vqa.demo import QUESTION_TEMPLATES, STATEMENTS, write_dataset
+    from tasks.vqa.predict import predict_split
+
+    spec = importlib.util.spec_from_file_location("vl_breakdown", ROOT / "benchmarks" / "vl_breakdown.py")
+    breakdown = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(breakdown)
+    data = tmp_path / "vl"
+    write_dataset(data, seed=2, image_size=32, vqa_train=2, vqa_val=6, questions_per_image=3, nlvr2_train=2,
+                  nlvr2_dev=5, text_lines=10)
+
+    vqa = breakdown.vqa_breakdown(str(vl_runs["vqa"]), str(data / "vqa"))
+    assert set(vqa["family"]) <= set(QUESTION_TEMPLATES)
+    assert set(vqa["names objects by"]) <= {"colour + shape", "shape", "colour"}
+    scores = [x for v in vqa["family"].values() for x in v]
+    assert len(scores) == 18 == sum(len(v) for v in vqa["names objects by"].values())
+    _, official = predict_split(str(vl_runs["vqa"]), "val2014", data_dir=str(data / "vqa"),
+                                annotation_dir=str(data / "vqa"))
+    assert 100 * sum(scores) / len(scores) == pytest.approx(official["overall"], abs=0.01)
+
+    nlvr2 = breakdown.nlvr2_breakdown(str(vl_runs["nlvr2"]), str(data / "nlvr2"))
+    assert set(nlvr2["kind"]) <= set(STATEMENTS)
+    right = [x for v in nlvr2["kind"].values() for x in v]
+    assert len(right) == 10 and set(right) <= {0.0, 1.0}
+    assert "| all |" in breakdown.table(nlvr2)
+    assert breakdown.main(["nlvr2", str(vl_runs["nlvr2"]), str(tmp_path / "missing")]) == 2
+    assert breakdown.main(["vqa", str(tmp_path / "no-run"), str(data / "vqa")]) == 2

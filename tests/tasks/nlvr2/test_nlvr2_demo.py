@@ -74,3 +74,22 @@ def test_demo_pairs_have_one_true_and_one_false_statement(vl_demo):
             by_pair.setdefault(r["identifier"].rsplit("-", 1)[0], []).append(r)
         assert all(sorted(r["label"] for r in rs) == ["False", "True"] for rs in by_pair.values())
         assert len({r["label"] for r in recs if r["identifier"].endswith("-0")}) == 2  # the order is not the label
+
+
+def test_every_template_has_its_own_kind():
+    """kind_of (what benchmarks/vl_breakdown.py groups by) gives every demo question and
+    statement template its family / kind, also where one template's words contain another's."""
+    from tasks.vqa.demo import QUESTION_TEMPLATES, kind_of, names_objects_by
+
+    fill = dict(x="red circles", shape="circle", color="red", a="red circle", b="blue square", rel="above",
+                side="left", n="two", be="are", xp="circles", xs="circle")
+    for table in (QUESTION_TEMPLATES, STATEMENTS):
+        for kind, (train, held_out) in table.items():
+            for template in train + held_out:
+                assert kind_of(template.format(**fill)) == kind, template
+    assert kind_of("There is a red circle above a blue square in the left image.") == "spatial"
+    assert kind_of("There is a red circle in the left image.") == "exist"
+    assert kind_of("Hello there.") is None
+    assert [names_objects_by(t) for t in ("Is there a red circle?", "How many squares are there?",
+                                          "What shape is the blue thing?", "Hello.")] == [
+        "colour + shape", "shape", "colour", "-"]

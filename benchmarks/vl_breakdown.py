@@ -1,0 +1,96 @@
+"""Where a VL demo model is right and where it is not: its accuracy on the demo data's
+evaluation split broken down by question family (VQA: count, color, shape, exist, spatial)
+or statement kind (NLVR2: exist, one, both, atleast, exact, more, total, spatial), and by how
+the text names objects (colour + shape, shape only, colour only).
+
+    python benchmarks/vl_breakdown.py vqa runs/demo/vqa/runs/magneto_lr0.001_seed0 data/vl/vqa
+    python benchmarks/vl_breakdown.py nlvr2 runs/demo/nlvr2/runs/magneto_lr0.0005_seed0 data/vl/nlvr2
+
+The model is any run directory / model file that ``foundation predict`` takes; the answers
+come from the project's own predictors (``tasks.vqa.predict.predict_split``, the NLVR2
+``foundation predict`` predictor), VQA scored with the official accuracy. What it showed
+(docs/vision-language.md): the tiny models read colour, not shape.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from tasks.vqa.demo import kind_of, names_objects_by  # noqa: E402
+
+
+def vqa_breakdown(model: str, data: str) -> dict[str, dict[str, list[float]]]:
+    """{"family": {name: [accuracy per question]}, "names objects by": {...}} on val2014."""
+    from tasks.vqa.data import ANNOTATIONS, QUESTIONS, read_json
+    from tasks.vqa.metrics import vqa_accuracy
+    from tasks.vqa.predict import predict_split
+
+    results, _ = predict_split(model, "val2014", data_dir=data, annotation_dir=data)
+    data_dir = Path(data)
+    text = {q["question_id"]: q["question"] for q in read_json(data_dir / QUESTIONS.format(split="val2014"), "questions")}
+    humans = {a["question_id"]: [x["answer"] for x in a["answers"]]
+              for a in read_json(data_dir / ANNOTATIONS.format(split="val2014"), "annotations")}
+    out: dict[str, dict[str, list[float]]] = {"family": defaultdict(list), "names objects by": defaultdict(list)}
+    for qid, answer in results:
+        acc = vqa_accuracy(answer, humans[qid])
+        out["family"][kind_of(text[qid]) or "other"].append(acc)
+        out["names objects by"][names_objects_by(text[qid])].append(acc)
+    return out
+
+
+def nlvr2_breakdown(model: str, data: str) -> dict[str, dict[str, list[float]]]:
+    """{"kind": {name: [1.0 if right else 0.0 per statement]}, "names objects by": {...}} on dev."""
+    from foundation.engine.predict import load_predictor
+    from tasks.nlvr2.data import read_split
+
+    predictor = load_predictor(model)
+    out: dict[str, dict[str, list[float]]] = {"kind": defaultdict(list), "names objects by": defaultdict(list)}
+    for s in read_split(data, data, "dev"):
+        record = predictor((str(s.left), str(s.right)), sentence=s.sentence)
+        right = float(record["label"] == bool(s.label))
+        out["kind"][kind_of(s.sentence) or "other"].append(right)
+        out["names objects by"][names_objects_by(s.sentence)].append(right)
+    return out
+
+
+def table(breakdown: dict[str, dict[str, list[float]]]) -> str:
+    lines = []
+    for by, groups in breakdown.items():
+        lines += [f"| {by} | accuracy % | items |", "|---|---|---|"]
+        lines += [f"| {name} | {100 * sum(v) / len(v):.1f} | {len(v)} |" for name, v in sorted(groups.items())]
+        everything = [x for v in groups.values() for x in v]
+        lines += [f"| all | {100 * sum(everything) / len(everything):.1f} | {len(everything)} |", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("task", choices=("vqa", "nlvr2"))
+    p.add_argument("model", help="run directory (best/, else the last checkpoint), checkpoint dir or model.safetensors")
+    p.add_argument("data", help="the demo data's vqa/ or nlvr2/ directory (foundation data make vl)")
+    p.add_argument("--json", help="also write the per-group accuracies here")
+    a = p.parse_args(argv)
+    from foundation.checkpoint import CheckpointError
+    from foundation.config import ConfigError
+    from foundation.engine.predict import InputError, NoPredictor
+
+    try:
+        breakdown = (vqa_breakdown if a.task == "vqa" else nlvr2_breakdown)(a.model, a.data)
+    except (ConfigError, CheckpointError, NoPredictor, InputError, FileNotFoundError) as e:
+        print(f"vl_breakdown: error: {e}", file=sys.stderr)
+        return 2
+    print(table(breakdown))
+    if a.json:
+        Path(a.json).write_text(json.dumps({by: {k: sum(v) / len(v) for k, v in g.items()} for by, g in breakdown.items()},
+                                           indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
