@@ -26,20 +26,18 @@ from tasks.vqa.demo import kind_of, names_objects_by  # noqa: E402
 
 def vqa_breakdown(model: str, data: str) -> dict[str, dict[str, list[float]]]:
     """{"family": {name: [accuracy per question]}, "names objects by": {...}} on val2014."""
-    from tasks.vqa.data import ANNOTATIONS, QUESTIONS, read_json
+    from tasks.vqa.data import read_split
     from tasks.vqa.metrics import vqa_accuracy
     from tasks.vqa.predict import predict_split
 
+    questions = {q.question_id: q for q in read_split(data, data, "val2014")}
     results, _ = predict_split(model, "val2014", data_dir=data, annotation_dir=data)
-    data_dir = Path(data)
-    text = {q["question_id"]: q["question"] for q in read_json(data_dir / QUESTIONS.format(split="val2014"), "questions")}
-    humans = {a["question_id"]: [x["answer"] for x in a["answers"]]
-              for a in read_json(data_dir / ANNOTATIONS.format(split="val2014"), "annotations")}
     out: dict[str, dict[str, list[float]]] = {"family": defaultdict(list), "names objects by": defaultdict(list)}
     for qid, answer in results:
-        acc = vqa_accuracy(answer, humans[qid])
-        out["family"][kind_of(text[qid]) or "other"].append(acc)
-        out["names objects by"][names_objects_by(text[qid])].append(acc)
+        q = questions[qid]
+        acc = vqa_accuracy(answer, q.answers)
+        out["family"][kind_of(q.question) or "other"].append(acc)
+        out["names objects by"][names_objects_by(q.question)].append(acc)
     return out
 
 
