@@ -5,6 +5,13 @@ the text names objects (colour + shape, shape only, colour only).
 
     python benchmarks/vl_breakdown.py vqa runs/demo/vqa/runs/magneto_lr0.001_seed0 data/vl/vqa
     python benchmarks/vl_breakdown.py nlvr2 runs/demo/nlvr2/runs/magneto_lr0.0005_seed0 data/vl/nlvr2
+    python benchmarks/vl_breakdown.py vqa RUN data/vl/vqa --scenes      # also by what the scene holds
+
+``--scenes`` (VQA) redraws each val scene with the generator (``--seed`` / ``--objects`` /
+``--object-size`` as ``foundation data make vl`` was given; each redrawn image is checked
+against the stored one) and adds a breakdown by family x objects x distinct colours: a
+colour question ("What color is the circle?") on a scene of one colour needs no shape word,
+on a scene of 2-3 colours it needs the shape word to find the object.
 
 The model is any run directory / model file that ``foundation predict`` takes; the answers
 come from the project's own predictors (``tasks.vqa.predict.predict_split``, the NLVR2
@@ -24,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from tasks.vqa.demo import kind_of, names_objects_by  # noqa: E402
 
 
-def vqa_breakdown(model: str, data: str) -> dict[str, dict[str, list[float]]]:
-    """{"family": {name: [accuracy per question]}, "names objects by": {...}} on val2014."""
+def vqa_breakdown(model: str, data: str, scenes: dict[int, list] | None = None) -> dict[str, dict[str, list[float]]]:
+    """{"family": {name: [accuracy per question]}, "names objects by": {...}} on val2014, and
+    {"family x scene": {"color: 3 objects, 3 colours": [...]}} given the val scenes."""
     from tasks.vqa.data import read_split
     from tasks.vqa.metrics import vqa_accuracy
     from tasks.vqa.predict import predict_split
@@ -38,7 +46,35 @@ def vqa_breakdown(model: str, data: str) -> dict[str, dict[str, list[float]]]:
         acc = vqa_accuracy(answer, q.answers)
         out["family"][kind_of(q.question) or "other"].append(acc)
         out["names objects by"][names_objects_by(q.question)].append(acc)
+        if scenes is not None:
+            objs = scenes[q.image_id]
+            n, k = len(objs), len({o.color for o in objs})
+            key = f"{kind_of(q.question) or 'other'}: {n} object{'s' * (n > 1)}, {k} colour{'s' * (k > 1)}"
+            out.setdefault("family x scene", defaultdict(list))[key].append(acc)
     return out
+
+
+def redraw_scenes(data: str, seed: int, spec) -> dict[int, list]:
+    """{val image id: its objects}, each scene redrawn by the generator and checked against the stored image."""
+    import numpy as np
+    from PIL import Image
+
+    from tasks.vqa.demo import VQA_FIRST_IMAGE_ID, draw_scene
+    from tasks.vqa.data import IMAGES, read_split
+
+    scenes: dict[int, list] = {}
+    for q in read_split(data, data, "val2014"):
+        if q.image_id in scenes:
+            continue
+        path = Path(data) / IMAGES.format(split="val2014", image_id=q.image_id)
+        stored = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)
+        _, objs, image = draw_scene(seed, "val", q.image_id - VQA_FIRST_IMAGE_ID["val"], spec, stored.shape[0])
+        # mean |difference| per pixel: JPEG q95 of the noisy scene 3-5, another scene > 20
+        if np.abs(np.asarray(image, dtype=np.float32) - stored).mean() > 10:
+            raise ValueError(f"{path}: not the scene redrawn with --seed {seed} --objects {spec.min_objects} "
+                             f"{spec.max_objects} --object-size {spec.radius}; pass the options the data was made with")
+        scenes[q.image_id] = objs
+    return scenes
 
 
 def nlvr2_breakdown(model: str, data: str) -> dict[str, dict[str, list[float]]]:
@@ -73,14 +109,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("model", help="run directory (best/, else the last checkpoint), checkpoint dir or model.safetensors")
     p.add_argument("data", help="the demo data's vqa/ or nlvr2/ directory (foundation data make vl)")
     p.add_argument("--json", help="also write the per-group accuracies here")
+    p.add_argument("--scenes", action="store_true", help="VQA: also break down by objects and colours in the scene")
+    p.add_argument("--seed", type=int, default=0, help="with --scenes: the data's --seed")
+    p.add_argument("--objects", type=int, nargs=2, default=[1, 3], metavar=("MIN", "MAX"),
+                   help="with --scenes: the data's --objects")
+    p.add_argument("--object-size", type=float, default=0.16, help="with --scenes: the data's --object-size")
     a = p.parse_args(argv)
+    if a.scenes and a.task != "vqa":
+        p.error("--scenes is for vqa")
     from foundation.checkpoint import CheckpointError
     from foundation.config import ConfigError
     from foundation.engine.predict import InputError, NoPredictor
 
     try:
-        breakdown = (vqa_breakdown if a.task == "vqa" else nlvr2_breakdown)(a.model, a.data)
-    except (ConfigError, CheckpointError, NoPredictor, InputError, FileNotFoundError) as e:
+        if a.task == "vqa":
+            from tasks.vqa.demo import SceneSpec
+            scenes = redraw_scenes(a.data, a.seed, SceneSpec(a.object_size, *a.objects)) if a.scenes else None
+            breakdown = vqa_breakdown(a.model, a.data, scenes)
+        else:
+            breakdown = nlvr2_breakdown(a.model, a.data)
+    except (ConfigError, CheckpointError, NoPredictor, InputError, FileNotFoundError, ValueError) as e:
         print(f"vl_breakdown: error: {e}", file=sys.stderr)
         return 2
     print(table(breakdown))

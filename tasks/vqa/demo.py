@@ -47,6 +47,7 @@ COLORS = {"red": (215, 45, 40), "green": (40, 160, 60), "blue": (45, 85, 215),
           "yellow": (230, 200, 30), "purple": (145, 60, 185), "gray": (120, 120, 120)}
 SHAPES = ("circle", "square", "triangle")
 SPLIT_CODES = {"train": 0, "val": 1, "text": 2}
+VQA_FIRST_IMAGE_ID = {"train": 1, "val": 1_000_000}  # COCO-style image ids of scene 0
 NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five")
 SUPERSAMPLE = 4
 RELATIONS = {"left": "to the left of", "right": "to the right of", "above": "above", "below": "below"}
@@ -239,6 +240,15 @@ def human_answers(rng, family: str, right: str, p_right: float = 0.88) -> list[s
     return out
 
 
+def draw_scene(seed: int, split: str, k: int, spec: SceneSpec, size: int
+               ) -> tuple[np.random.Generator, list[Obj], Image.Image]:
+    """VQA image ``k`` of ``split`` as the generator draws it: the objects, the image, and the
+    random generator where the questions about it continue (so a scene can be redrawn later)."""
+    rng = np.random.default_rng([seed, SPLIT_CODES[split], k])
+    objs = make_scene(rng, spec)
+    return rng, objs, render(objs, size, spec.radius, rng)
+
+
 def vqa_split(out: Path, split: str, coco_split: str, n_images: int, per_image: int, seed: int, size: int,
               spec: SceneSpec, id_offset: int) -> tuple[list[dict], list[tuple[int, list[Obj]]]]:
     radius = spec.radius
@@ -246,10 +256,9 @@ def vqa_split(out: Path, split: str, coco_split: str, n_images: int, per_image: 
     img_dir.mkdir(parents=True, exist_ok=True)
     questions, annotations, scenes = [], [], []
     for k in range(n_images):
-        rng = np.random.default_rng([seed, SPLIT_CODES[split], k])
         image_id = id_offset + k
-        objs = make_scene(rng, spec)
-        render(objs, size, radius, rng).save(img_dir / f"COCO_{coco_split}_{image_id:012d}.jpg", quality=95)
+        rng, objs, image = draw_scene(seed, split, k, spec, size)
+        image.save(img_dir / f"COCO_{coco_split}_{image_id:012d}.jpg", quality=95)
         scenes.append((image_id, objs))
         made, asked = 0, set()
         for _ in range(50 * per_image):
@@ -501,9 +510,9 @@ def write_dataset(out: Path, *, seed: int = 0, image_size: int = 48, vqa_train: 
                   text_lines: int = 20000, scene: SceneSpec = SceneSpec()) -> dict[str, int]:
     r = scene.radius
     train_ann, train_scenes = vqa_split(out, "train", "train2014", vqa_train, questions_per_image, seed, image_size,
-                                        scene, id_offset=1)
+                                        scene, id_offset=VQA_FIRST_IMAGE_ID["train"])
     val_ann, val_scenes = vqa_split(out, "val", "val2014", vqa_val, questions_per_image, seed, image_size, scene,
-                                    id_offset=1_000_000)
+                                    id_offset=VQA_FIRST_IMAGE_ID["val"])
     coco_captions(out, "train2014", train_scenes, seed, r)
     coco_captions(out, "val2014", val_scenes, seed, r)
     text_corpus(out, "train", text_lines, seed, scene)

@@ -406,6 +406,20 @@ def test_vl_breakdown_scores_every_item_once(vl_runs, tmp_path):
                                 annotation_dir=str(data / "vqa"))
     assert 100 * sum(scores) / len(scores) == pytest.approx(official["overall"], abs=0.01)
 
+    # --scenes: the val scenes redrawn from the generator's seed are the stored ones (each colour
+    # question's majority answer is the colour of an object in its scene), and split every question once
+    from tasks.vqa.data import read_split
+    from tasks.vqa.demo import SceneSpec
+    scenes = breakdown.redraw_scenes(str(data / "vqa"), 2, SceneSpec())
+    assert len(scenes) == 6
+    for q in read_split(data / "vqa", data / "vqa", "val2014"):
+        if breakdown.kind_of(q.question) == "color":
+            assert max(set(q.answers), key=q.answers.count) in {o.color for o in scenes[q.image_id]}
+    by_scene = breakdown.vqa_breakdown(str(vl_runs["vqa"]), str(data / "vqa"), scenes)["family x scene"]
+    assert sum(len(v) for v in by_scene.values()) == 18
+    assert all(" object" in k and " colour" in k for k in by_scene)
+    assert breakdown.main(["vqa", str(vl_runs["vqa"]), str(data / "vqa"), "--scenes", "--seed", "3"]) == 2
+
     nlvr2 = breakdown.nlvr2_breakdown(str(vl_runs["nlvr2"]), str(data / "nlvr2"))
     assert set(nlvr2["kind"]) <= set(STATEMENTS)
     right = [x for v in nlvr2["kind"].values() for x in v]
