@@ -57,21 +57,20 @@ def vqa_breakdown(model: str, data: str, scenes: dict[int, list] | None = None) 
 def redraw_scenes(data: str, seed: int, spec) -> dict[int, list]:
     """{val image id: its objects}, each scene redrawn by the generator and checked against the stored image."""
     import numpy as np
-    from PIL import Image
 
+    from tasks.vl_common.images import load_image
+    from tasks.vqa.data import read_split
     from tasks.vqa.demo import VQA_FIRST_IMAGE_ID, draw_scene
-    from tasks.vqa.data import IMAGES, read_split
 
     scenes: dict[int, list] = {}
     for q in read_split(data, data, "val2014"):
         if q.image_id in scenes:
             continue
-        path = Path(data) / IMAGES.format(split="val2014", image_id=q.image_id)
-        stored = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)
+        stored = np.asarray(load_image(q.image, q.record), dtype=np.float32)
         _, objs, image = draw_scene(seed, "val", q.image_id - VQA_FIRST_IMAGE_ID["val"], spec, stored.shape[0])
         # mean |difference| per pixel: JPEG q95 of the noisy scene 3-5, another scene > 20
         if np.abs(np.asarray(image, dtype=np.float32) - stored).mean() > 10:
-            raise ValueError(f"{path}: not the scene redrawn with --seed {seed} --objects {spec.min_objects} "
+            raise ValueError(f"{q.image}: not the scene redrawn with --seed {seed} --objects {spec.min_objects} "
                              f"{spec.max_objects} --object-size {spec.radius}; pass the options the data was made with")
         scenes[q.image_id] = objs
     return scenes
