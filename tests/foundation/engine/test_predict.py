@@ -427,3 +427,43 @@ def test_vl_breakdown_scores_every_item_once(vl_runs, tmp_path):
     assert "| all |" in breakdown.table(nlvr2)
     assert breakdown.main(["nlvr2", str(vl_runs["nlvr2"]), str(tmp_path / "missing")]) == 2
     assert breakdown.main(["vqa", str(tmp_path / "no-run"), str(data / "vqa")]) == 2
+
+
+def test_vl_shape_probe_labels_and_table(vl_runs, classifier, capsys):
+    """benchmarks/vl_shape_probe.py: each scene's labels are what was drawn (the colour of the
+    object's pixels; triangles cover less area), a probe on features that hold the label reads
+    it and one on noise does not, the table has the untrained reference above every run, and
+    what it cannot probe is refused in one line."""
+    import importlib.util
+
+    from tasks.mim.linear_probe import probe
+    from tasks.vqa.demo import COLORS, SHAPES
+
+    spec = importlib.util.spec_from_file_location("vl_shape_probe", ROOT / "benchmarks" / "vl_shape_probe.py")
+    shape_probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shape_probe)
+    images, shapes, colours = shape_probe.one_object_scenes(60, 0, 48, 0.16)
+    assert len(images) == 60 and set(shapes.tolist()) == set(range(len(SHAPES)))
+    palette = np.array(list(COLORS.values()), dtype=float)
+    for image, colour in zip(images, colours):  # the object's pixels: those furthest from the background
+        px = np.asarray(image, dtype=float).reshape(-1, 3)
+        far = px[np.argsort(-np.abs(px - np.median(px, 0)).sum(1))[:20]].mean(0)
+        assert np.abs(palette - far).sum(1).argmin() == colour
+    area = torch.tensor([float((np.abs(np.asarray(im, dtype=float) - np.median(np.asarray(im, dtype=float).reshape(-1, 3), 0))
+                                .sum(-1) > 60).sum()) for im in images])
+    mean_area = {s: area[shapes == SHAPES.index(s)].mean() for s in SHAPES}
+    assert mean_area["triangle"] < 0.75 * min(mean_area["circle"], mean_area["square"])  # shape labels: as drawn
+
+    onehot = torch.nn.functional.one_hot(shapes, 3).float() + 0.1 * torch.randn(60, 3)
+    assert probe((onehot[:40], shapes[:40]), (onehot[40:], shapes[40:]), 3) == 1.0
+    noise = torch.randn(60, 8)
+    assert probe((noise[:40], shapes[:40]), (noise[40:], shapes[40:]), 3) < 0.8
+
+    assert shape_probe.main([str(vl_runs["vqa"]), str(vl_runs["nlvr2"]), "--train", "30", "--test", "12"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]  # past the header
+    assert [r.split(" | ")[0] for r in rows] == ["| same architecture, untrained", f"| {vl_runs['vqa']}",
+                                                  f"| {vl_runs['nlvr2']}"]
+    assert all(0 <= float(x) <= 100 for r in rows for x in r.strip("| ").split(" | ")[1:])
+    assert shape_probe.main([str(vl_runs["vqa"] / "missing")]) == 2
+    assert shape_probe.main([str(classifier)]) == 2  # not a VL model: one line, no traceback
+    assert "not a VQA / NLVR2 run" in capsys.readouterr().err
