@@ -81,11 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--object-size", type=float, default=SceneSpec().radius, help="object radius, as the generator's")
     p.add_argument("--seed", type=int, default=0, help="scenes, the untrained model's and the probes' init")
     a = p.parse_args(argv)
+    from foundation.checkpoint import CheckpointError
+    from foundation.config import ConfigError
     from foundation.engine.predict import NoPredictor, load_predictor
 
     try:
         predictors = [(run, load_predictor(run, device="cpu")) for run in a.runs]
-    except (NoPredictor, FileNotFoundError, ValueError) as e:
+    except (CheckpointError, ConfigError, NoPredictor, FileNotFoundError, ValueError) as e:  # as vl_breakdown
         print(f"vl_shape_probe: {e}", file=sys.stderr)
         return 2
     from tasks.vl_common.beit3 import BEiT3Embedding
