@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from tasks.vqa.demo import kind_of, names_objects_by  # noqa: E402
+from tasks.vqa.demo import SceneSpec, kind_of, names_objects_by  # noqa: E402
 
 
 def vqa_breakdown(model: str, data: str, scenes: dict[int, list] | None = None) -> dict[str, dict[str, list[float]]]:
@@ -110,9 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", help="also write the per-group accuracies here")
     p.add_argument("--scenes", action="store_true", help="VQA: also break down by objects and colours in the scene")
     p.add_argument("--seed", type=int, default=0, help="with --scenes: the data's --seed")
-    p.add_argument("--objects", type=int, nargs=2, default=[1, 3], metavar=("MIN", "MAX"),
-                   help="with --scenes: the data's --objects")
-    p.add_argument("--object-size", type=float, default=0.16, help="with --scenes: the data's --object-size")
+    p.add_argument("--objects", type=int, nargs=2, default=[SceneSpec.min_objects, SceneSpec.max_objects],
+                   metavar=("MIN", "MAX"), help="with --scenes: the data's --objects")
+    p.add_argument("--object-size", type=float, default=SceneSpec.radius, help="with --scenes: the data's --object-size")
     a = p.parse_args(argv)
     if a.scenes and a.task != "vqa":
         p.error("--scenes is for vqa")
@@ -122,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if a.task == "vqa":
-            from tasks.vqa.demo import SceneSpec
             scenes = redraw_scenes(a.data, a.seed, SceneSpec(a.object_size, *a.objects)) if a.scenes else None
             breakdown = vqa_breakdown(a.model, a.data, scenes)
         else:
