@@ -2,6 +2,7 @@
 steps, config errors, multi-task mixing and the CLI, all on the tiny seq2seq task."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from foundation.engine.data import ShardBatchSampler, TaskStream, step_plan
 from foundation.engine.distributed import Env
 from foundation.engine.loop import train
 from foundation.engine.model import ModelConfig, MultiTaskModel
-from foundation.engine.optim import build_optimizer, build_scheduler, layer_ids, lr_factor
+from foundation.engine.optim import build_optimizer, build_scheduler, layer_ids, lr_factor, param_groups
 from support import read_records as records, run_config as run
 from tasks.seq2seq.model import Seq2SeqHead
 
@@ -179,6 +180,36 @@ def test_layer_decay_learning_rates_are_applied(tmp_path):
         if name.endswith("weight") and p.ndim == 2 and "embed" not in name:  # dense, every entry has a gradient
             moved = (p.detach() - before[name]).abs().max().item()
             assert moved == pytest.approx(lr_now * 0.5 ** (depth + 1 - ids[name]), rel=1e-3), name
+
+
+def test_the_optimizer_is_fused_and_updates_as_torchs_default_adamw(tmp_path):
+    """On a CPU the engine's AdamW runs torch's fused kernel; over five steps of real
+    gradients (weight decay, layer decay, bias / norm groups) it moves every parameter as
+    torch's default (per-tensor loop) AdamW over the same groups does, to float rounding.
+    The same gradients go to both: recomputing them on each copy would let rounding in
+    near-zero gradients flip an Adam update's sign, which says nothing about the optimizer."""
+    cfg, specs = resolve(tiny_config(tmp_path, optim={"lr": 1e-2, "layer_decay": 0.7, "weight_decay": 0.05}))
+    torch.manual_seed(0)
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    reference, start = copy.deepcopy(model), copy.deepcopy(model)
+    opt = build_optimizer(model, cfg.optim)
+    assert opt.defaults["fused"] is True
+    ref_opt = torch.optim.AdamW(param_groups(reference, cfg.optim), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+                                eps=cfg.optim.eps)
+    assert not ref_opt.defaults["fused"]
+    task = model.tasks["seq2seq"]
+    for step in range(5):
+        batch = task.collate([task.train_dataset()[i] for i in range(8 * step, 8 * step + 8)])
+        opt.zero_grad()
+        model("seq2seq", batch)[0].backward()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            q.grad = p.grad.clone()
+        opt.step()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+    moved = max((p - q).abs().max().item() for p, q in zip(model.parameters(), start.parameters()))
+    assert moved > 1e-2  # both really trained
 
 
 def test_schedules():

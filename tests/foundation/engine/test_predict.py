@@ -467,3 +467,23 @@ def test_vl_shape_probe_labels_and_table(vl_runs, classifier, capsys):
     assert shape_probe.main([str(vl_runs["vqa"] / "missing")]) == 2
     assert shape_probe.main([str(classifier)]) == 2  # not a VL model: one line, no traceback
     assert "not a VQA / NLVR2 run" in capsys.readouterr().err
+
+
+def test_optimizer_step_benchmark_rows(vl_runs, classifier, capsys):
+    """benchmarks/optimizer_step.py: one row per model with both timings, the ratio and the
+    largest difference between the two optimizers' parameters (float rounding); what is not a
+    run's model is refused in one line."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("optimizer_step", ROOT / "benchmarks" / "optimizer_step.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main([str(vl_runs["vqa"]), str(classifier), "--steps", "2"]) == 0
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert [r[0] for r in rows] == [str(vl_runs["vqa"]), str(classifier)]
+    for _, params, default_ms, fused_ms, ratio, diff in rows:
+        assert int(params.replace(",", "")) > 0 and float(default_ms) > 0 and float(fused_ms) > 0
+        assert float(ratio) == pytest.approx(float(fused_ms) / float(default_ms), abs=0.01)
+        assert float(diff) < 1e-5
+    assert bench.main([str(vl_runs["vqa"] / "missing")]) == 2
+    assert "optimizer_step: error:" in capsys.readouterr().err
