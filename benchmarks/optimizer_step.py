@@ -20,16 +20,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
-def time_steps(model, fused: bool, steps: int, seed: int = 0) -> tuple[float, list]:
-    """(seconds per optimizer step, parameters after ``steps`` steps) on fixed random gradients."""
+def time_steps(model, engine: bool, steps: int, seed: int = 0) -> tuple[float, list]:
+    """(seconds per optimizer step, parameters after ``steps`` steps) on fixed random gradients:
+    the engine's optimizer (``build_optimizer``, fused) or torch's default AdamW (on a CPU the
+    per-tensor loop) over the same parameter groups."""
     import torch
 
     from foundation.engine.config import OptimConfig
-    from foundation.engine.optim import param_groups
+    from foundation.engine.optim import build_optimizer, param_groups
 
-    model = copy.deepcopy(model)
-    groups = param_groups(model, OptimConfig())
-    opt = torch.optim.AdamW(groups, lr=1e-3, fused=fused or None)  # else torch's default: on a CPU the per-tensor loop
+    model, cfg = copy.deepcopy(model), OptimConfig(lr=1e-3)
+    if engine:
+        opt = build_optimizer(model, cfg)
+    else:
+        opt = torch.optim.AdamW(param_groups(model, cfg), lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
     g = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.grad = torch.randn(p.shape, generator=g) * 1e-2
@@ -53,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     from foundation.engine.cli import resolve_checkpoint
     from foundation.engine.model import MultiTaskModel
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {a.steps} steps each")
-    print("| model | parameters | default ms / step | fused ms / step | fused / default | largest difference |")
-    print("|---|---|---|---|---|---|")
-    for name in a.models:
+    models = []
+    for name in a.models:  # all read before any output: a bad one is one line, not half a table
         try:
             model = ckpt.load(resolve_checkpoint(name))
         except (CheckpointError, FileNotFoundError, OSError) as e:
@@ -65,8 +67,13 @@ def main(argv: list[str] | None = None) -> int:
         if not isinstance(model, MultiTaskModel):
             print(f"optimizer_step: error: {name}: not a training run's model", file=sys.stderr)
             return 2
-        loop, after_loop = time_steps(model, False, a.steps)
-        fused, after_fused = time_steps(model, True, a.steps)
+        models.append((name, model))
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), {a.steps} steps each")
+    print("| model | parameters | default ms / step | fused ms / step | fused / default | largest difference |")
+    print("|---|---|---|---|---|---|")
+    for name, model in models:
+        loop, after_loop = time_steps(model, engine=False, steps=a.steps)
+        fused, after_fused = time_steps(model, engine=True, steps=a.steps)
         diff = max((x - y).abs().max().item() for x, y in zip(after_loop, after_fused))
         n = sum(p.numel() for p in model.parameters())
         print(f"| {name} | {n:,} | {loop * 1e3:.2f} | {fused * 1e3:.2f} | {fused / loop:.2f} | {diff:.1e} |")
