@@ -2,6 +2,10 @@
 folder on ``sys.path`` because ``tests/conftest.py`` lives here outside a package."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
 import torch
 from torch import nn
 
@@ -64,3 +68,12 @@ def overfit_losses(model, task_id: str, batch, opt, steps: int) -> tuple[list[fl
         opt.step()
         losses.append(loss.item())
     return losses, logs
+
+
+def load_benchmark(name: str) -> ModuleType:
+    """``benchmarks/<name>.py`` as a module (the scripts are not a package: they run by path)."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

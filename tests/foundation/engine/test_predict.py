@@ -19,6 +19,7 @@ from PIL import Image
 
 from foundation import checkpoint
 from foundation.engine.loop import train
+from support import load_benchmark
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -385,14 +386,10 @@ def test_a_loaded_model_saves_its_metadata_again(classifier, tmp_path):
 def test_vl_breakdown_scores_every_item_once(vl_runs, tmp_path):
     """benchmarks/vl_breakdown.py: every evaluation item lands in one family / kind and one
     naming group, and the VQA groups average to the official accuracy of predict_split."""
-    import importlib.util
-
     from tasks.vqa.demo import QUESTION_TEMPLATES, STATEMENTS, write_dataset
     from tasks.vqa.predict import predict_split
 
-    spec = importlib.util.spec_from_file_location("vl_breakdown", ROOT / "benchmarks" / "vl_breakdown.py")
-    breakdown = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(breakdown)
+    breakdown = load_benchmark("vl_breakdown")
     data = tmp_path / "vl"
     write_dataset(data, seed=2, image_size=32, vqa_train=2, vqa_val=6, questions_per_image=3, nlvr2_train=2,
                   nlvr2_dev=5, text_lines=10)
@@ -434,14 +431,10 @@ def test_vl_shape_probe_labels_and_table(vl_runs, classifier, capsys):
     object's pixels; triangles cover less area), a probe on features that hold the label reads
     it and one on noise does not, the table has the untrained reference above every run, and
     what it cannot probe is refused in one line."""
-    import importlib.util
-
     from tasks.mim.linear_probe import probe
     from tasks.vqa.demo import COLORS, SHAPES
 
-    spec = importlib.util.spec_from_file_location("vl_shape_probe", ROOT / "benchmarks" / "vl_shape_probe.py")
-    shape_probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(shape_probe)
+    shape_probe = load_benchmark("vl_shape_probe")
     images, shapes, colours = shape_probe.one_object_scenes(60, 0, 48, 0.16)
     assert len(images) == 60 and set(shapes.tolist()) == set(range(len(SHAPES)))
     palette = np.array(list(COLORS.values()), dtype=float)
@@ -473,11 +466,7 @@ def test_optimizer_step_benchmark_rows(vl_runs, classifier, capsys):
     """benchmarks/optimizer_step.py: one row per model with both timings, the ratio and the
     largest difference between the two optimizers' parameters (float rounding); what is not a
     run's model is refused in one line."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("optimizer_step", ROOT / "benchmarks" / "optimizer_step.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("optimizer_step")
     assert bench.main([str(vl_runs["vqa"]), str(classifier), "--steps", "2"]) == 0
     rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert [r[0] for r in rows] == [str(vl_runs["vqa"]), str(classifier)]

@@ -152,14 +152,11 @@ def test_sub_batched_joint_under_bf16_autocast_is_fp32_inside():
 def test_joint_benchmark_runs_at_toy_size(tmp_path, capsys):
     """benchmarks/bench_rnnt_joint.py: every variant in its own process, the same loss, and
     the sub-batched variants keep only (B, T, J)-sized gradients for backward."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_rnnt_joint.py"
-    spec = importlib.util.spec_from_file_location("bench_rnnt_joint", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from support import load_benchmark
+
+    bench = load_benchmark("bench_rnnt_joint")
     out = tmp_path / "rows.json"
     args = ["--batch", "4", "--frames", "30", "--units", "6", "--vocab", "301", "--joint-dim", "16",
             "--sub-batch", "1", "--json", str(out)]

@@ -14,7 +14,7 @@ from foundation.engine.config import resolve
 from foundation.engine.loop import train
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import layer_ids, param_groups
-from support import overfit_losses
+from support import load_benchmark, overfit_losses
 
 IMAGE = {"img_size": 16, "patch_size": 4}
 
@@ -116,13 +116,7 @@ def test_mim_pos_embed_init_sincos(tmp_path, mim_task, vision_config):
 
 def test_mim_targets_benchmark_reads_the_tokens(vision_data, vision_tokenizer, capsys):
     """benchmarks/mim_targets.py on a tiny tokenizer: code usage, colour R^2 and the three probes."""
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "mim_targets.py"
-    spec = importlib.util.spec_from_file_location("mim_targets", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("mim_targets")
     assert module.main([str(vision_tokenizer), "--data", str(vision_data)]) == 0
     out = capsys.readouterr().out
     assert "of 64, perplexity" in out and "val R^2" in out and "chance 33.3" in out

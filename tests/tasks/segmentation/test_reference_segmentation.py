@@ -3,7 +3,6 @@ sums) on random arrays and on one real prediction; a few steps on a tiny ADE tre
 one-line result; a missing data folder is one line and exit 2."""
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
@@ -11,19 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from support import load_benchmark
 from tasks.segmentation.metrics import iou_sums, seg_metrics
-
-PATH = Path(__file__).resolve().parents[3] / "benchmarks" / "reference_segmentation.py"
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
 def ref():
-    spec = importlib.util.spec_from_file_location("reference_segmentation", PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("reference_segmentation")
 
 
 @pytest.fixture(scope="module")
