@@ -143,10 +143,11 @@ class BEiT3Embedding(nn.Module):
         return ["cls_token", "mask_token", "vision_pos", "text_pos"]
 
 
-def encode(embed: BEiT3Embedding, backbone: nn.Module, **inputs: Any) -> torch.Tensor:
-    """Hidden states ``(B, T, dim)`` of the backbone over ``embed(**inputs)``."""
+def encode(embed: BEiT3Embedding, backbone: nn.Module, return_layers=None, **inputs: Any):
+    """Hidden states ``(B, T, dim)`` of the backbone over ``embed(**inputs)``; with
+    ``return_layers``, ``(hidden states, {block: its output})`` as ``Backbone.forward``."""
     x, padding, segments = embed(**inputs)
-    return backbone(x, padding, segments=segments)
+    return backbone(x, padding, segments=segments, return_layers=return_layers)
 
 
 class Pooler(nn.Module):

@@ -18,7 +18,6 @@ training, with ``out_of_vocab: error``) a question none of whose answers is in t
 """
 from __future__ import annotations
 
-import functools
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +29,8 @@ from torch.utils.data import Dataset
 
 from foundation.engine.data import item_seed
 from tasks.vl_common.images import DataError, load_image, transform_image
+from tasks.vl_common.objects import Objects
+from tasks.vl_common.official_json import read_json
 from tasks.vl_common.text import Tokenizer, pad_texts
 from tasks.vqa.metrics import normalize_answer, soft_score
 
@@ -51,25 +52,6 @@ class Question:
 
 
 # --------------------------------------------------------------------------- json
-
-
-@functools.lru_cache(maxsize=8)
-def _read_json(path: str, mtime: float) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-
-
-def read_json(path: Path, key: str) -> list:
-    """The list under ``key`` of an official json file (parsed once per process and mtime)."""
-    if not path.is_file():
-        raise DataError(f"{path}: file not found")
-    data = _read_json(str(path), path.stat().st_mtime)
-    if not isinstance(data, dict) or not isinstance(data.get(key), list):
-        raise DataError(f"{path}: expected a JSON object with a list under {key!r}")
-    return data[key]
 
 
 def _field(rec: Any, name: str, kind: type | tuple, where: str) -> Any:
@@ -173,11 +155,29 @@ def targets(answers: Sequence[str], index: dict[str, int]) -> tuple[list[int], l
 # --------------------------------------------------------------------------- dataset
 
 
+@dataclass
+class ObjectLabels:
+    """Per-patch object labels of the images (``tasks.vl_common.objects``) at the model's size."""
+
+    objects: Objects
+    img_size: int
+    patch_size: int
+
+    def __call__(self, q: Question, width: int, height: int) -> torch.Tensor:
+        try:
+            return self.objects.labels_of(q.image_id, width, height, self.img_size, self.patch_size)
+        except DataError as e:
+            raise DataError(f"{q.record}: {e}") from None
+
+
 class VQADataset(Dataset):
-    """Items: image tensor, question token ids, soft targets, the human answers, the id."""
+    """Items: image tensor, question token ids, soft targets, the human answers, the id (and,
+    given ``objects``, the image's per-patch object labels)."""
 
     def __init__(self, questions: Sequence[Question], answers: Sequence[str], tokenizer: Tokenizer, max_text_len: int,
-                 transform: Callable, train: bool, out_of_vocab: str = "error", random_transform: bool = False):
+                 transform: Callable, train: bool, out_of_vocab: str = "error", random_transform: bool = False,
+                 objects: Optional[ObjectLabels] = None):
+        self.objects = objects
         self.index = {a: i for i, a in enumerate(answers)}
         self.tokenizer, self.max_text_len, self.transform = tokenizer, max_text_len, transform
         self.random_transform = random_transform  # seeded per item
@@ -204,14 +204,18 @@ class VQADataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         q = self.questions[i]
         seed = item_seed(i, True) if self.random_transform else None
-        image = transform_image(self.transform, load_image(q.image, q.record), seed, q.record)
+        pil = load_image(q.image, q.record)
+        image = transform_image(self.transform, pil, seed, q.record)
         try:
             ids = self.tokenizer.encode(q.question, self.max_text_len)
         except ValueError as e:
             raise DataError(f"{q.record}: {e}") from None
         labels, scores = self.targets[i]
-        return {"image": image, "text": ids, "labels": labels, "scores": scores,
+        item = {"image": image, "text": ids, "labels": labels, "scores": scores,
                 "answers": q.answers or [], "answer_type": q.answer_type, "question_id": q.question_id}
+        if self.objects is not None:
+            item["object_labels"] = self.objects(q, *pil.size)
+        return item
 
 
 def collate(samples: list[dict], pad_id: int, num_answers: int) -> dict[str, Any]:
@@ -220,10 +224,13 @@ def collate(samples: list[dict], pad_id: int, num_answers: int) -> dict[str, Any
     for row, s in enumerate(samples):
         if s["labels"]:
             target[row, torch.as_tensor(s["labels"])] = torch.as_tensor(s["scores"])
-    return {
+    batch = {
         "images": torch.stack([s["image"] for s in samples]),
         "text_ids": ids, "text_padding_mask": pad, "targets": target,
         "answers": [s["answers"] for s in samples],
         "answer_type": [s["answer_type"] for s in samples],
         "question_id": torch.as_tensor([s["question_id"] for s in samples]),
     }
+    if "object_labels" in samples[0]:
+        batch["object_labels"] = torch.stack([s["object_labels"] for s in samples])
+    return batch

@@ -17,7 +17,10 @@ to look at the image. Generated from it:
   (so the text alone is at chance), ``data/{train,dev}.json`` (json lines),
   ``images/train/<directory>/*-img{0,1}.png`` and ``dev/*-img{0,1}.png``.
 * COCO captions layout (``DIR/coco/annotations/captions_{train2014,val2014}.json``) over
-  the VQA images, for image-text pretraining; a text corpus (``DIR/text/{train,val}.txt``,
+  the VQA images, for image-text pretraining, and COCO instances
+  (``DIR/coco/annotations/instances_{train2014,val2014}.json``: each object's polygon, box
+  and category, one of the 18 colour x shape kinds, as COCO's 80 object classes), what the
+  VQA recipe's per-patch object labels are read from; a text corpus (``DIR/text/{train,val}.txt``,
   one sentence per line) of descriptions of other scenes, for text-only MLM.
 
 Every question family and statement kind has templates seen in training and held-out
@@ -32,102 +35,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import re
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageDraw
+from PIL import Image
 
 from foundation.engine.demo_cli import demo_parser, free_out, timed
-
-COLORS = {"red": (215, 45, 40), "green": (40, 160, 60), "blue": (45, 85, 215),
-          "yellow": (230, 200, 30), "purple": (145, 60, 185), "gray": (120, 120, 120)}
-SHAPES = ("circle", "square", "triangle")
-SPLIT_CODES = {"train": 0, "val": 1, "text": 2}
-VQA_FIRST_IMAGE_ID = {"train": 1, "val": 1_000_000}  # COCO-style image ids of scene 0
-NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five")
-SUPERSAMPLE = 4
-RELATIONS = {"left": "to the left of", "right": "to the right of", "above": "above", "below": "below"}
-
-
-@dataclass(frozen=True)
-class Obj:
-    color: str
-    shape: str
-    x: float  # centre, in [0, 1] of the image width / height (y grows downwards)
-    y: float
-
-    @property
-    def name(self) -> str:
-        return f"{self.color} {self.shape}"
-
-
-# --------------------------------------------------------------------------- scenes
-
-
-@dataclass(frozen=True)
-class SceneSpec:
-    radius: float = 0.16  # object radius, a fraction of the image side
-    min_objects: int = 1
-    max_objects: int = 3
-
-    def __post_init__(self) -> None:
-        if not 0.02 <= self.radius <= 0.2:
-            raise ValueError(f"object radius {self.radius} must be in [0.02, 0.2] of the image side")
-        if not 1 <= self.min_objects <= self.max_objects <= 5:
-            raise ValueError(f"objects per scene: need 1 <= min ({self.min_objects}) <= max ({self.max_objects}) <= 5")
-
-
-def make_scene(rng: np.random.Generator, spec: SceneSpec) -> list[Obj]:
-    n, radius = int(rng.integers(spec.min_objects, spec.max_objects + 1)), spec.radius
-    for _ in range(100):  # random placement can paint itself into a corner: start over
-        objs: list[Obj] = []
-        for _ in range(200):
-            x, y = rng.uniform(radius, 1 - radius, 2)
-            if all(math.hypot(x - o.x, y - o.y) > 2.6 * radius for o in objs):
-                objs.append(Obj(str(rng.choice(list(COLORS))), str(rng.choice(SHAPES)), float(x), float(y)))
-                if len(objs) == n:
-                    return objs
-    raise ValueError(f"cannot place {n} objects of radius {radius} without overlap; use smaller or fewer objects")
-
-
-def render(objs: list[Obj], size: int, radius: float, rng: np.random.Generator) -> Image.Image:
-    big = size * SUPERSAMPLE
-    shade = int(rng.integers(215, 245))
-    im = Image.new("RGB", (big, big), (shade, shade, shade - int(rng.integers(0, 15))))
-    draw = ImageDraw.Draw(im)
-    r = radius * big
-    for o in objs:
-        cx, cy = o.x * big, o.y * big
-        if o.shape == "circle":
-            draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=COLORS[o.color])
-        elif o.shape == "square":
-            s = r * 0.88
-            draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=COLORS[o.color])
-        else:
-            draw.polygon([(cx, cy - r), (cx + r * 1.05, cy + r * 0.8), (cx - r * 1.05, cy + r * 0.8)], fill=COLORS[o.color])
-    im = im.resize((size, size), Image.BOX)
-    noise = rng.normal(0, 4, (size, size, 3))
-    return Image.fromarray(np.clip(np.asarray(im, dtype=np.float64) + noise, 0, 255).astype(np.uint8))
-
-
-def count(objs: list[Obj], color: str | None = None, shape: str | None = None) -> int:
-    return sum(1 for o in objs if (color is None or o.color == color) and (shape is None or o.shape == shape))
-
-
-def unique_by(objs: list[Obj], attr: str) -> list[Obj]:
-    c = Counter(getattr(o, attr) for o in objs)
-    return [o for o in objs if c[getattr(o, attr)] == 1]
-
-
-def relation(a: Obj, b: Obj, rel: str, radius: float) -> bool | None:
-    """Whether ``a`` is ``rel`` of ``b``; None when too close to say."""
-    d = {"left": b.x - a.x, "right": a.x - b.x, "above": b.y - a.y, "below": a.y - b.y}[rel]
-    return None if abs(d) < radius else d > 0
-
+from tasks.vqa.scenes import (  # noqa: F401  (re-exported: the demo's scene vocabulary)
+    CATEGORIES, COLORS, NUMBER_WORDS, RELATIONS, SHAPES, SPLIT_CODES, SUPERSAMPLE, VQA_FIRST_IMAGE_ID, Obj, SceneSpec,
+    count, make_scene, outline, relation, render, unique_by,
+)
 
 # --------------------------------------------------------------------------- VQA questions
 
@@ -337,6 +256,27 @@ def coco_captions(out: Path, coco_split: str, scenes, seed: int, radius: float) 
                  "annotations": anns, "licenses": []})
 
 
+def coco_instances(out: Path, coco_split: str, scenes, size: int, radius: float) -> None:
+    """COCO's ``instances_*.json`` over the VQA images: per object its polygon, box, area and
+    category (the colour x shape kind; supercategory the shape)."""
+    images, anns = [], []
+    for image_id, objs in scenes:
+        images.append({"id": image_id, "file_name": f"COCO_{coco_split}_{image_id:012d}.jpg", "height": size,
+                       "width": size})
+        for o in objs:
+            poly = outline(o, size, radius)
+            xs, ys = poly[0::2], poly[1::2]
+            area = 0.5 * abs(sum(xs[i] * ys[i - 1] - xs[i - 1] * ys[i] for i in range(len(xs))))  # shoelace
+            anns.append({"id": len(anns) + 1, "image_id": image_id, "category_id": CATEGORIES.index(o.name) + 1,
+                         "segmentation": [poly], "area": round(area, 2), "iscrowd": 0,
+                         "bbox": [round(min(xs), 2), round(min(ys), 2), round(max(xs) - min(xs), 2),
+                                  round(max(ys) - min(ys), 2)]})
+    categories = [{"id": i + 1, "name": name, "supercategory": name.split()[1]} for i, name in enumerate(CATEGORIES)]
+    _write_json(out / "coco" / "annotations" / f"instances_{coco_split}.json",
+                {"info": {"description": "foundation demo objects in the COCO instances layout"}, "images": images,
+                 "annotations": anns, "categories": categories, "licenses": []})
+
+
 def text_corpus(out: Path, name: str, lines: int, seed: int, spec: SceneSpec) -> None:
     rng = np.random.default_rng([seed, SPLIT_CODES["text"], 0 if name == "train" else 1])
     text = []
@@ -515,6 +455,8 @@ def write_dataset(out: Path, *, seed: int = 0, image_size: int = 48, vqa_train: 
                                     id_offset=VQA_FIRST_IMAGE_ID["val"])
     coco_captions(out, "train2014", train_scenes, seed, r)
     coco_captions(out, "val2014", val_scenes, seed, r)
+    coco_instances(out, "train2014", train_scenes, image_size, r)
+    coco_instances(out, "val2014", val_scenes, image_size, r)
     text_corpus(out, "train", text_lines, seed, scene)
     text_corpus(out, "val", max(1, text_lines // 20), seed, scene)
     return {
@@ -555,6 +497,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {a.out}/vqa      VQA v2 layout (train2014 / val2014)     -> configs/vl/tiny_vqa_*.yaml")
     print(f"  {a.out}/nlvr2    NLVR2 layout (train / dev)              -> configs/vl/tiny_nlvr2_*.yaml")
     print(f"  {a.out}/coco     COCO captions layout (images in vqa/)    -> configs/vl/tiny_pretrain_*.yaml")
+    print(f"  {a.out}/coco     COCO instances (objects in vqa/ images)  -> configs/vl/tiny_vqa_*.yaml")
     print(f"  {a.out}/text     text corpus, one sentence per line      -> configs/vl/tiny_pretrain_*.yaml")
     return 0
 

@@ -10,8 +10,9 @@ import torch
 
 from foundation.config import ConfigError
 from foundation.engine.task import SharedModules, register_task
+from tasks.vl_common.objects import Objects, read_objects
 from tasks.vl_common.task import VLConfig, VLTask
-from tasks.vqa.data import ANNOTATIONS, IMAGES, QUESTIONS, VQADataset, answer_vocabulary, collate, read_answer_list, read_split
+from tasks.vqa.data import ANNOTATIONS, IMAGES, QUESTIONS, ObjectLabels, VQADataset, answer_vocabulary, collate, read_answer_list, read_split
 from tasks.vqa.metrics import type_sums, vqa_accuracy, vqa_metrics
 from tasks.vqa.model import VQAHead
 
@@ -33,6 +34,16 @@ class VQAConfig(VLConfig):
     answers: List[str] = field(default_factory=list)
     out_of_vocab: str = "error"  # a training question with no answer in the vocabulary: error | skip (BEiT-3)
     pretrained_head: bool = False  # init_from also loads pooler + head (a converted BEiT-3 VQA model)
+    # Per-patch object labels beside the answer loss (null: off): COCO instances over the
+    # training images, "{split}" = train_split, relative to data_dir (the demo's:
+    # ../coco/annotations/instances_{split}.json). Each patch token after block
+    # object_loss_block (1-based) names the category over it or background (cross-entropy,
+    # weighted object_loss_weight): the image side learns what the objects are, locally,
+    # where the question's words can find them (docs/vision-language.md, NLVR2).
+    object_annotations: Optional[str] = None
+    object_categories: List[str] = field(default_factory=list)  # filled from the file; saved with the run
+    object_loss_weight: float = 1.0
+    object_loss_block: int = 2
     max_train_questions: Optional[int] = None  # the first N (quick runs)
     max_eval_questions: Optional[int] = None
 
@@ -44,12 +55,29 @@ class VQAConfig(VLConfig):
             raise ConfigError(f"field 'min_answer_count': must be >= 1 (got {self.min_answer_count})")
         if not self.answers:
             self.answers = self._answers()
+        if self.object_annotations is not None and not self.object_categories:
+            self.object_categories = self.objects().categories
+        if self.object_loss_weight <= 0 or self.object_loss_block < 1:
+            raise ConfigError("fields 'object_loss_weight' / 'object_loss_block': must be > 0 / >= 1 "
+                              f"(got {self.object_loss_weight} / {self.object_loss_block})")
         if len(set(self.answers)) != len(self.answers):
             raise ConfigError("field 'answers': an answer appears twice")
 
     @property
     def annotations(self) -> str:
         return self.annotation_dir or self.data_dir
+
+    def objects(self) -> Objects:
+        """The training split's object annotations (``object_annotations``)."""
+        path = Path(self.data_dir or ".") / self.object_annotations.format(split=self.train_split)
+        if not path.is_file():
+            raise ConfigError(f"field 'object_annotations': {path} not found (COCO's instances_{{split}}.json over "
+                              "the VQA images; `foundation data make vl` writes them to DIR/coco/annotations)")
+        objects = read_objects(path)
+        if self.object_categories and objects.categories != list(self.object_categories):
+            raise ConfigError(f"field 'object_categories': {path} has other categories than the run's "
+                              f"({len(objects.categories)} vs {len(self.object_categories)})")
+        return objects
 
     def _answers(self) -> List[str]:
         if self.answer_vocab is not None:
@@ -77,20 +105,34 @@ class VQA(VLTask):
         self.check_finetune_data("VQA v2", "vqa", [("annotation_dir", Path(c.annotations) / pattern.format(split=split))
                                                    for split in (c.train_split, c.eval_split)
                                                    for pattern in (QUESTIONS, ANNOTATIONS)])
+        if c.object_annotations is not None:
+            if c.object_loss_block > self.backbone_cfg.depth:
+                raise ConfigError(f"field 'object_loss_block': {c.object_loss_block} is past the backbone's "
+                                  f"{self.backbone_cfg.depth} blocks")
+            if self.augments:
+                raise ConfigError("field 'object_annotations': per-patch object labels need the images as the "
+                                  "evaluation transform gives them (train_crop_scale [1.0, 1.0], no colour "
+                                  "jitter); a random crop would move the objects off their labels")
 
     head_prefixes = ("pooler.", "head.")
 
     def build_head(self, shared=None) -> VQAHead:
         embed = self.embedding(shared if shared is not None else SharedModules())
-        return VQAHead(embed, self.backbone_cfg.dim, len(self.cfg.answers), self.backbone_cfg.layernorm_eps,
-                       self.cfg.head_init_std)
+        c = self.cfg
+        objects = dict(num_objects=len(c.object_categories), object_block=c.object_loss_block - 1,
+                       object_weight=c.object_loss_weight) if c.object_annotations is not None else {}
+        return VQAHead(embed, self.backbone_cfg.dim, len(c.answers), self.backbone_cfg.layernorm_eps,
+                       c.head_init_std, **objects)
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> VQADataset:
         c = self.cfg
         questions = read_split(c.annotations, c.data_dir, split, c.image_pattern)[:limit]
         transform = self.image_transform(train)
+        objects = None
+        if train and c.object_annotations is not None:
+            objects = ObjectLabels(c.objects(), c.img_size, c.patch_size)
         dataset = VQADataset(questions, c.answers, self.tokenizer, c.max_text_len, transform, train, c.out_of_vocab,
-                             random_transform=train and self.augments)
+                             random_transform=train and self.augments, objects=objects)
         if dataset.skipped:
             print(f"vqa: {split}: skipped {dataset.skipped} of {len(questions)} questions with no answer in the "
                   f"{len(c.answers)}-answer vocabulary (out_of_vocab: skip)")

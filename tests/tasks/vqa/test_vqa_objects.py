@@ -1,0 +1,127 @@
+"""Per-patch object labels for VQA: the demo's COCO instances agree with its images, the
+labels follow open_clip's evaluation transform, bad records are named, and a VQA run with
+them trains the patch classifier and still predicts without the annotation file."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+from foundation.config import ConfigError
+from tasks.vl_common.images import DataError, image_transform
+from tasks.vl_common.objects import patch_labels, read_objects
+from tasks.vqa.demo import COLORS
+
+BACKBONE = {"dim": 32, "depth": 2, "heads": 2, "ffn_dim": 64, "experts": ["vision", "text"], "final_norm": False}
+FRONT = {"img_size": 32, "patch_size": 8, "max_text_len": 16, "text_positions": 16}
+INSTANCES = "../coco/annotations/instances_{split}.json"
+
+
+def test_demo_instances_match_the_images(vl_demo):
+    """Each labelled patch of a demo image shows its category's colour: the polygons are where
+    the generator drew the objects."""
+    objects = read_objects(vl_demo / "coco/annotations/instances_train2014.json")
+    assert objects.categories[:2] == ["red circle", "red square"] and len(objects.categories) == 18
+    doc = json.loads((vl_demo / "coco/annotations/instances_train2014.json").read_text())
+    assert {"id", "image_id", "category_id", "segmentation", "area", "bbox", "iscrowd"} <= set(doc["annotations"][0])
+    checked = 0
+    for image in doc["images"]:
+        pixels = np.asarray(Image.open(vl_demo / "vqa/train2014" / image["file_name"]), dtype=np.float64)
+        labels = objects.labels_of(image["id"], image["width"], image["height"], 32, 8).reshape(4, 4)
+        assert (labels < 18).any()  # every scene has an object of at least a patch's quarter
+        for (r, c), label in np.ndenumerate(labels.numpy()):
+            if label == 18:
+                continue
+            patch = pixels[8 * r:8 * r + 8, 8 * c:8 * c + 8].reshape(-1, 3)
+            colour = objects.categories[label].split()[0]
+            near = {name: np.linalg.norm(patch - rgb, axis=1) < 60 for name, rgb in COLORS.items()}
+            assert near[colour].mean() >= 0.1, (image["file_name"], r, c, colour)
+            assert all(near[other].mean() < near[colour].mean() for other in COLORS if other != colour)
+            checked += 1
+    assert checked > 20
+
+
+def test_labels_follow_open_clips_evaluation_transform():
+    """A 60 x 40 image (resized to 32 on its short side, then centre-cropped): the labels are the
+    patches the transformed image's object covers."""
+    box = [30, 4, 52, 4, 52, 30, 30, 30]  # a rectangle in the right half
+    tri = [2, 36, 20, 36, 10, 20]
+    labels = patch_labels([(0, [box]), (1, [tri])], background=2, width=60, height=40, img_size=32, patch_size=8)
+    image = Image.new("RGB", (60, 40), (0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    draw.polygon(list(zip(box[0::2], box[1::2])), fill=(255, 0, 0))
+    draw.polygon(list(zip(tri[0::2], tri[1::2])), fill=(0, 255, 0))
+    seen = image_transform(32, False, [0, 0, 0], [1, 1, 1])(image)  # (3, 32, 32), what the model gets
+    cover = seen.clamp(0, 1).reshape(3, 4, 8, 4, 8).mean((2, 4)).reshape(3, -1)
+    for p in range(16):
+        if cover[0, p] > 0.35:
+            assert labels[p] == 0, p
+        elif cover[1, p] > 0.35:
+            assert labels[p] == 1, p
+        elif cover[:2, p].max() < 0.15:
+            assert labels[p] == 2, p
+    assert (labels == 0).sum() >= 4 and (labels == 1).sum() >= 1
+
+
+def test_instances_errors_name_the_record(tmp_path, vl_demo):
+    doc = json.loads((vl_demo / "coco/annotations/instances_train2014.json").read_text())
+    path = tmp_path / "instances_train2014.json"
+
+    def broken(change):
+        bad = json.loads(json.dumps(doc))
+        change(bad)
+        path.write_text(json.dumps(bad))
+        return path
+
+    with pytest.raises(DataError, match=r"annotations\[2\]: 'category_id' 99 is not among"):
+        read_objects(broken(lambda d: d["annotations"][2].update(category_id=99)))
+    with pytest.raises(DataError, match=r"annotations\[0\]: 'segmentation' must be a list of polygons"):
+        read_objects(broken(lambda d: d["annotations"][0].update(segmentation=[[1, 2, 3, 4]])))
+    with pytest.raises(DataError, match=r"annotations\[1\]: 'image_id' must name one of the file's images"):
+        read_objects(broken(lambda d: d["annotations"][1].update(image_id=-5)))
+    crowd = read_objects(broken(lambda d: d["annotations"][0].update(iscrowd=1, segmentation={"counts": [1]})))
+    full = read_objects(vl_demo / "coco/annotations/instances_train2014.json")
+    first = doc["annotations"][0]["image_id"]
+    assert len(crowd.by_image[first]) == len(full.by_image[first]) - 1  # crowd regions left out
+    with pytest.raises(DataError, match=r"image 424242 is not among its images"):
+        full.labels_of(424242, 32, 32, 32, 8)
+
+
+def vqa_config(tmp_path, data, **task):
+    return {"run_name": "vqa", "output_dir": str(tmp_path / "runs"), "seed": 0, "backbone": BACKBONE,
+            "tasks": [{"name": "vqa", **FRONT, "data_dir": str(data / "vqa"), "min_answer_count": 1,
+                       "head_init_std": 0.125, **task}],
+            "optim": {"lr": 3e-3}, "schedule": {"warmup_steps": 1}, "train": {"steps": 40, "batch_size": 12},
+            "eval": {"every": 40, "max_batches": 1}, "save": {"every": 40, "keep": 1},
+            "log": {"progress": False, "tensorboard": False}}
+
+
+def test_vqa_trains_the_patch_classifier(vl_demo_copy, tmp_path, run_config, run_records):
+    from foundation import load_predictor
+
+    data = vl_demo_copy
+    run_config(vqa_config(tmp_path, data, object_annotations=INSTANCES, object_loss_block=1))
+    run = tmp_path / "runs/vqa"
+    losses = [r["vqa/object_loss"] for r in run_records(run) if "vqa/object_loss" in r]
+    assert len(losses) == 40 and np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])  # the patches learn their objects
+    saved = (run / "config.yaml").read_text()
+    assert "red circle" in saved  # the categories travel with the run
+    # the trained model answers without the annotation file or the data
+    shutil.rmtree(data / "coco")
+    predictor = load_predictor(run, device="cpu")
+    image = next((data / "vqa/val2014").glob("*.jpg"))
+    assert predictor(str(image), question="What color is the circle?")["answers"]
+
+
+def test_object_label_config_errors(vl_demo, tmp_path, run_config):
+    from foundation.config import build
+    from tasks.vqa.task import VQAConfig
+
+    with pytest.raises(ConfigError, match=r"field 'object_annotations': .*instances_train2014\.json not found"):
+        build(VQAConfig, {"data_dir": str(vl_demo / "vqa"), "min_answer_count": 1, "object_annotations": "x/instances_{split}.json"})
+    with pytest.raises(ConfigError, match="field 'object_loss_block': 3 is past the backbone's 2 blocks"):
+        run_config(vqa_config(tmp_path, vl_demo, object_annotations=INSTANCES, object_loss_block=3))
+    with pytest.raises(ConfigError, match="field 'object_annotations': per-patch object labels need"):
+        run_config(vqa_config(tmp_path, vl_demo, object_annotations=INSTANCES, train_crop_scale=[0.5, 1.0]))
