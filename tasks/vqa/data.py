@@ -172,12 +172,13 @@ class ObjectLabels:
 
 class VQADataset(Dataset):
     """Items: image tensor, question token ids, soft targets, the human answers, the id (and,
-    given ``objects``, the image's per-patch object labels)."""
+    given ``objects``, the image's per-patch object labels; given ``answer_type_weights``, the
+    question's weight in the answer loss)."""
 
     def __init__(self, questions: Sequence[Question], answers: Sequence[str], tokenizer: Tokenizer, max_text_len: int,
                  transform: Callable, train: bool, out_of_vocab: str = "error", random_transform: bool = False,
-                 objects: Optional[ObjectLabels] = None):
-        self.objects = objects
+                 objects: Optional[ObjectLabels] = None, answer_type_weights: Optional[dict[str, float]] = None):
+        self.objects, self.weights = objects, answer_type_weights or None
         self.index = {a: i for i, a in enumerate(answers)}
         self.tokenizer, self.max_text_len, self.transform = tokenizer, max_text_len, transform
         self.random_transform = random_transform  # seeded per item
@@ -215,6 +216,8 @@ class VQADataset(Dataset):
                 "answers": q.answers or [], "answer_type": q.answer_type, "question_id": q.question_id}
         if self.objects is not None:
             item["object_labels"] = self.objects(q, *pil.size)
+        if self.weights is not None:
+            item["loss_weight"] = float(self.weights.get(q.answer_type, 1.0))
         return item
 
 
@@ -231,6 +234,8 @@ def collate(samples: list[dict], pad_id: int, num_answers: int) -> dict[str, Any
         "answer_type": [s["answer_type"] for s in samples],
         "question_id": torch.as_tensor([s["question_id"] for s in samples]),
     }
+    if "loss_weight" in samples[0]:
+        batch["loss_weight"] = torch.tensor([s["loss_weight"] for s in samples])
     if "object_labels" in samples[0]:
         batch["object_labels"] = torch.stack([s["object_labels"] for s in samples])
     return batch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -37,13 +37,17 @@ class VQAConfig(VLConfig):
     # Per-patch object labels beside the answer loss (null: off): COCO instances over the
     # training images, "{split}" = train_split, relative to data_dir (the demo's:
     # ../coco/annotations/instances_{split}.json). Each patch token after block
-    # object_loss_block (1-based) names the category over it or background (cross-entropy,
-    # weighted object_loss_weight): the image side learns what the objects are, locally,
-    # where the question's words can find them (docs/vision-language.md, NLVR2).
+    # object_loss_block (1-based) predicts the words of the name of the object over it, none
+    # for background (binary cross-entropy, weighted object_loss_weight): the image side learns
+    # what the objects are, locally, in the words questions use (docs/vision-language.md, NLVR2).
     object_annotations: Optional[str] = None
     object_categories: List[str] = field(default_factory=list)  # filled from the file; saved with the run
     object_loss_weight: float = 1.0
     object_loss_block: int = 2
+    # a training question's weight in the answer loss by its annotation's answer_type (VQA v2:
+    # yes/no, number, other; unlisted types 1), the batch loss the weighted mean. The tiny
+    # recipe's yes/no: 6, so that verification is learnt beside the object labels (docs)
+    answer_type_weights: Dict[str, float] = field(default_factory=dict)
     max_train_questions: Optional[int] = None  # the first N (quick runs)
     max_eval_questions: Optional[int] = None
 
@@ -57,6 +61,8 @@ class VQAConfig(VLConfig):
             self.answers = self._answers()
         if self.object_annotations is not None and not self.object_categories:
             self.object_categories = self.objects().categories
+        if any(w <= 0 for w in self.answer_type_weights.values()):
+            raise ConfigError(f"field 'answer_type_weights': weights must be > 0 (got {dict(self.answer_type_weights)})")
         if self.object_loss_weight <= 0 or self.object_loss_block < 1:
             raise ConfigError("fields 'object_loss_weight' / 'object_loss_block': must be > 0 / >= 1 "
                               f"(got {self.object_loss_weight} / {self.object_loss_block})")
@@ -119,7 +125,7 @@ class VQA(VLTask):
     def build_head(self, shared=None) -> VQAHead:
         embed = self.embedding(shared if shared is not None else SharedModules())
         c = self.cfg
-        objects = dict(num_objects=len(c.object_categories), object_block=c.object_loss_block - 1,
+        objects = dict(object_categories=c.object_categories, object_block=c.object_loss_block - 1,
                        object_weight=c.object_loss_weight) if c.object_annotations is not None else {}
         return VQAHead(embed, self.backbone_cfg.dim, len(c.answers), self.backbone_cfg.layernorm_eps,
                        c.head_init_std, **objects)
@@ -132,7 +138,8 @@ class VQA(VLTask):
         if train and c.object_annotations is not None:
             objects = ObjectLabels(c.objects(), c.img_size, c.patch_size)
         dataset = VQADataset(questions, c.answers, self.tokenizer, c.max_text_len, transform, train, c.out_of_vocab,
-                             random_transform=train and self.augments, objects=objects)
+                             random_transform=train and self.augments, objects=objects,
+                             answer_type_weights=c.answer_type_weights if train else None)
         if dataset.skipped:
             print(f"vqa: {split}: skipped {dataset.skipped} of {len(questions)} questions with no answer in the "
                   f"{len(c.answers)}-answer vocabulary (out_of_vocab: skip)")

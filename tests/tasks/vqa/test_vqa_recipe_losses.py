@@ -1,6 +1,8 @@
-"""Per-patch object labels for VQA: the demo's COCO instances agree with its images, the
-labels follow open_clip's evaluation transform, bad records are named, and a VQA run with
-them trains the patch classifier and still predicts without the annotation file."""
+"""What the tiny VQA recipe adds to BEiT-3's loss. Per-patch object labels: the demo's COCO
+instances agree with its images, the labels follow open_clip's evaluation transform, bad
+records are named, and a VQA run with them trains the patch classifier and still predicts
+without the annotation file. Answer-type weights: the weighted mean of BEiT-3's per-question
+loss, each question weighted by its annotation's answer_type."""
 import json
 import shutil
 
@@ -11,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from foundation.config import ConfigError
 from tasks.vl_common.images import DataError, image_transform
-from tasks.vl_common.objects import patch_labels, read_objects
+from tasks.vl_common.objects import name_words, patch_labels, read_objects
 from tasks.vqa.demo import COLORS
 
 BACKBONE = {"dim": 32, "depth": 2, "heads": 2, "ffn_dim": 64, "experts": ["vision", "text"], "final_norm": False}
@@ -63,6 +65,41 @@ def test_labels_follow_open_clips_evaluation_transform():
         elif cover[:2, p].max() < 0.15:
             assert labels[p] == 2, p
     assert (labels == 0).sum() >= 4 and (labels == 1).sum() >= 1
+
+
+def test_patches_learn_the_words_of_the_object_names():
+    words, table = name_words(["red circle", "Traffic light", "red square"])
+    assert words == ["circle", "light", "red", "square", "traffic"]
+    assert table.tolist() == [[1, 0, 1, 0, 0], [0, 1, 0, 0, 1], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]  # last: background
+
+    from tasks.vqa.model import VQAHead
+
+    torch.manual_seed(0)
+    head = VQAHead(_FakeEmbed(), 8, 3, object_categories=["red circle", "blue circle"], object_block=0)
+    labels = torch.tensor([[0, 1, 2, 2]])  # red circle, blue circle, background x2
+    hidden = torch.randn(1, 5, 8)  # class token + 4 patches
+    _, objects = head._forward(_Backbone(hidden), {"object_labels": labels, "text_ids": None,
+                                                   "text_padding_mask": None, "images": None})
+    targets = torch.tensor([[0, 1, 1], [1, 1, 0], [0, 0, 0], [0, 0, 0.]])  # blue, circle, red
+    logits = head.objects(hidden[0, 1:])
+    assert torch.allclose(objects, torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / 4)
+
+
+class _FakeEmbed(torch.nn.Module):
+    def forward(self, **inputs):
+        return None, None, None
+
+    def no_weight_decay(self):
+        return []
+
+
+class _Backbone(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.hidden = hidden
+
+    def forward(self, x, padding, segments=None, return_layers=None):
+        return self.hidden, {i: self.hidden for i in return_layers}
 
 
 def test_instances_errors_name_the_record(tmp_path, vl_demo):
@@ -125,3 +162,34 @@ def test_object_label_config_errors(vl_demo, tmp_path, run_config):
         run_config(vqa_config(tmp_path, vl_demo, object_annotations=INSTANCES, object_loss_block=3))
     with pytest.raises(ConfigError, match="field 'object_annotations': per-patch object labels need"):
         run_config(vqa_config(tmp_path, vl_demo, object_annotations=INSTANCES, train_crop_scale=[0.5, 1.0]))
+
+
+def test_answer_type_weights_weight_each_question(vl_demo):
+    from foundation.config import build
+    from tasks.vqa.data import VQADataset, collate, read_split
+    from tasks.vqa.model import VQAHead
+    from tasks.vqa.task import VQAConfig
+
+    cfg = build(VQAConfig, {"data_dir": str(vl_demo / "vqa"), "min_answer_count": 1,
+                            "answer_type_weights": {"yes/no": 6.0, "number": 0.5}})
+    questions = read_split(vl_demo / "vqa", vl_demo / "vqa", "train2014")
+    data = VQADataset(questions, cfg.answers, _Tokens(), 16, lambda im: torch.zeros(3, 2, 2), True,
+                      answer_type_weights=cfg.answer_type_weights)
+    batch = collate([data[i] for i in range(len(data))], 0, len(cfg.answers))
+    expected = [{"yes/no": 6.0, "number": 0.5}.get(t, 1.0) for t in batch["answer_type"]]
+    assert batch["loss_weight"].tolist() == expected and {"yes/no", "number", "other"} <= set(batch["answer_type"])
+    logits = torch.randn(len(expected), len(cfg.answers))
+    per_question = [torch.nn.functional.binary_cross_entropy_with_logits(l, t, reduction="sum")
+                    for l, t in zip(logits, batch["targets"])]
+    weighted = sum(w * l for w, l in zip(expected, per_question)) / sum(expected)
+    assert torch.allclose(VQAHead.loss(logits, batch["targets"], weights=batch["loss_weight"]), weighted)
+    assert torch.allclose(VQAHead.loss(logits, batch["targets"]), sum(per_question) / len(per_question))
+    plain = VQADataset(questions, cfg.answers, _Tokens(), 16, lambda im: torch.zeros(3, 2, 2), True)
+    assert "loss_weight" not in collate([plain[0], plain[1]], 0, len(cfg.answers))
+    with pytest.raises(ConfigError, match="field 'answer_type_weights': weights must be > 0"):
+        build(VQAConfig, {"answers": ["yes"], "answer_type_weights": {"yes/no": 0}})
+
+
+class _Tokens:
+    def encode(self, text, max_len):
+        return [1, 2, 3]
