@@ -1,4 +1,4 @@
-"""Object annotations in COCO's instances layout, turned into labels per image patch.
+"""Object annotations in COCO's instances layout, turned into one label per image patch.
 
     coco/annotations/instances_{split}.json
         {"images": [{"id": 9, "file_name": ..., "width": 640, "height": 480}, ...],
@@ -9,10 +9,7 @@
 VQA v2's images are COCO's, so these are the real objects of the VQA images. A patch's label
 is the category of the object that covers the largest part of it, if that is at least
 ``min_cover`` of the patch, else background (the last label), like the region labels of a
-detector or a coarse segmentation mask. ``name_words`` turns labels into what the VQA recipe
-trains on: the words of the category's name, multi-hot ("red circle" -> red, circle;
-"traffic light" -> traffic, light; background: none), so that a patch token learns the words
-a question uses, each word on its own rather than one class per combination. Polygons are filled in the coordinates of the image
+detector or a coarse segmentation mask. Polygons are filled in the coordinates of the image
 the model sees (the evaluation transform: the shorter side resized to ``img_size``, then the
 centre crop), supersampled 4x per pixel. Crowd regions (``iscrowd: 1``, RLE masks of many
 objects) are left out, as detectors train without them. Filled with PIL's polygon fill
@@ -72,17 +69,6 @@ def patch_labels(objects: list[tuple[int, list[list[float]]]], background: int, 
         wins = (cover > best) & (cover >= min_cover)
         labels[wins], best[wins] = label, cover[wins]
     return torch.from_numpy(labels)
-
-
-def name_words(categories: list[str]) -> tuple[list[str], torch.Tensor]:
-    """(the words of the category names, sorted; a (K + 1, words) multi-hot table whose row
-    k is category k's words and whose last row, background, is empty)."""
-    words = sorted({w for name in categories for w in name.lower().split()})
-    table = torch.zeros(len(categories) + 1, len(words))
-    for k, name in enumerate(categories):
-        for w in name.lower().split():
-            table[k, words.index(w)] = 1.0
-    return words, table
 
 
 def read_objects(path: str | Path) -> Objects:

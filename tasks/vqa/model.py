@@ -3,26 +3,25 @@ multiway backbone, the pooler on the first (image class) token, an MLP over the 
 and binary cross-entropy on the soft scores, scaled by the number of answers as BEiT-3
 does (``BCEWithLogits(mean) * num_answers``: per question, the sum over answers).
 
-With ``object_categories`` (the VQA config's ``object_annotations``), a linear layer also
-predicts, from every patch token after block ``object_block`` (0-based), the words of the
-name of the object over it (``tasks.vl_common.objects.name_words``; none for background):
-binary cross-entropy summed over the words, averaged over the patches, weighted
-``object_weight`` and added where the batch has ``object_labels`` (training)."""
+With ``num_objects`` (the VQA config's ``object_annotations``), a linear layer also names the
+object category (or background, the last class) of every patch token after block
+``object_block`` (0-based), like a segmentation or detection classifier over the tokens; its
+cross-entropy with the batch's ``object_labels``, weighted ``object_weight``, is added where
+the batch has labels (training). One class per category: predicting the words of the
+category names instead (multi-hot, "red circle" -> red, circle) gave NLVR2 starts 10-15
+points worse on the demo data (docs/vision-language.md)."""
 from __future__ import annotations
-
-from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tasks.vl_common.beit3 import BEiT3Embedding, Pooler, encode, init_head
-from tasks.vl_common.objects import name_words
 
 
 class VQAHead(nn.Module):
     def __init__(self, embed: BEiT3Embedding, dim: int, num_answers: int, eps: float = 1e-5, init_std: float = 0.02,
-                 object_categories: Sequence[str] = (), object_block: int = 1, object_weight: float = 1.0):
+                 num_objects: int = 0, object_block: int = 1, object_weight: float = 1.0):
         super().__init__()
         self.embed = embed  # shared with the model's other VL heads
         self.pooler = Pooler(dim, eps)
@@ -30,11 +29,8 @@ class VQAHead(nn.Module):
                                   nn.Linear(2 * dim, num_answers))  # BEiT-3's names: head.0, head.1, head.3
         init_head(self.pooler, std=init_std)
         init_head(self.head, std=init_std)
-        self.objects = None
-        if object_categories:
-            words, table = name_words(list(object_categories))
-            self.register_buffer("object_words", table, persistent=False)  # category -> its name's words
-            self.objects = nn.Linear(dim, len(words))  # torch's default init, as a classifier over tokens
+        # torch's default Linear init, as for a segmentation / detection classifier over tokens
+        self.objects = nn.Linear(dim, num_objects + 1) if num_objects else None
         self.object_block, self.object_weight = object_block, object_weight
 
     def logits(self, backbone: nn.Module, batch: dict) -> torch.Tensor:
@@ -48,9 +44,7 @@ class VQAHead(nn.Module):
         x, hidden = encode(self.embed, backbone, return_layers=[self.object_block], **inputs)
         labels = batch["object_labels"]
         patches = hidden[self.object_block][:, 1:1 + labels.shape[1]]  # the image's class token first
-        targets = self.object_words[labels]  # (B, patches, words)
-        objects = F.binary_cross_entropy_with_logits(self.objects(patches).float(), targets,
-                                                     reduction="none").sum(-1).mean()
+        objects = F.cross_entropy(self.objects(patches).flatten(0, 1).float(), labels.flatten())
         return self.head(self.pooler(x)), objects
 
     @staticmethod

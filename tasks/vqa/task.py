@@ -37,9 +37,9 @@ class VQAConfig(VLConfig):
     # Per-patch object labels beside the answer loss (null: off): COCO instances over the
     # training images, "{split}" = train_split, relative to data_dir (the demo's:
     # ../coco/annotations/instances_{split}.json). Each patch token after block
-    # object_loss_block (1-based) predicts the words of the name of the object over it, none
-    # for background (binary cross-entropy, weighted object_loss_weight): the image side learns
-    # what the objects are, locally, in the words questions use (docs/vision-language.md, NLVR2).
+    # object_loss_block (1-based) names the category over it or background (cross-entropy,
+    # weighted object_loss_weight): the image side learns what the objects are, locally,
+    # where the question's words can find them (docs/vision-language.md, NLVR2).
     object_annotations: Optional[str] = None
     object_categories: List[str] = field(default_factory=list)  # filled from the file; saved with the run
     object_loss_weight: float = 1.0
@@ -125,7 +125,7 @@ class VQA(VLTask):
     def build_head(self, shared=None) -> VQAHead:
         embed = self.embedding(shared if shared is not None else SharedModules())
         c = self.cfg
-        objects = dict(object_categories=c.object_categories, object_block=c.object_loss_block - 1,
+        objects = dict(num_objects=len(c.object_categories), object_block=c.object_loss_block - 1,
                        object_weight=c.object_loss_weight) if c.object_annotations is not None else {}
         return VQAHead(embed, self.backbone_cfg.dim, len(c.answers), self.backbone_cfg.layernorm_eps,
                        c.head_init_std, **objects)

@@ -13,7 +13,7 @@ from PIL import Image, ImageDraw
 
 from foundation.config import ConfigError
 from tasks.vl_common.images import DataError, image_transform
-from tasks.vl_common.objects import name_words, patch_labels, read_objects
+from tasks.vl_common.objects import patch_labels, read_objects
 from tasks.vqa.demo import COLORS
 
 BACKBONE = {"dim": 32, "depth": 2, "heads": 2, "ffn_dim": 64, "experts": ["vision", "text"], "final_norm": False}
@@ -67,22 +67,25 @@ def test_labels_follow_open_clips_evaluation_transform():
     assert (labels == 0).sum() >= 4 and (labels == 1).sum() >= 1
 
 
-def test_patches_learn_the_words_of_the_object_names():
-    words, table = name_words(["red circle", "Traffic light", "red square"])
-    assert words == ["circle", "light", "red", "square", "traffic"]
-    assert table.tolist() == [[1, 0, 1, 0, 0], [0, 1, 0, 0, 1], [0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]  # last: background
-
+def test_patch_tokens_of_the_chosen_block_name_their_objects():
+    """The object loss is the cross-entropy of a linear classifier on the patch tokens after
+    ``object_block`` (the class token left out) against the labels, background the last class;
+    the answers still come from the last layer."""
     from tasks.vqa.model import VQAHead
 
     torch.manual_seed(0)
-    head = VQAHead(_FakeEmbed(), 8, 3, object_categories=["red circle", "blue circle"], object_block=0)
+    head = VQAHead(_FakeEmbed(), 8, 3, num_objects=2, object_block=0)
+    assert head.objects.out_features == 3  # two categories + background
     labels = torch.tensor([[0, 1, 2, 2]])  # red circle, blue circle, background x2
-    hidden = torch.randn(1, 5, 8)  # class token + 4 patches
-    _, objects = head._forward(_Backbone(hidden), {"object_labels": labels, "text_ids": None,
-                                                   "text_padding_mask": None, "images": None})
-    targets = torch.tensor([[0, 1, 1], [1, 1, 0], [0, 0, 0], [0, 0, 0.]])  # blue, circle, red
-    logits = head.objects(hidden[0, 1:])
-    assert torch.allclose(objects, torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="sum") / 4)
+    early, last = torch.randn(1, 5, 8), torch.randn(1, 5, 8)  # class token + 4 patches
+    logits, objects = head._forward(_Backbone(last, {0: early}), {"object_labels": labels, "text_ids": None,
+                                                                  "text_padding_mask": None, "images": None})
+    expected = torch.nn.functional.cross_entropy(head.objects(early[0, 1:]), labels[0])
+    assert torch.allclose(objects, expected)
+    assert torch.allclose(logits, head.head(head.pooler(last)))
+    logits, objects = head._forward(_Backbone(last, {0: early}), {"text_ids": None, "text_padding_mask": None,
+                                                                  "images": None})
+    assert objects is None  # evaluation batches carry no labels
 
 
 class _FakeEmbed(torch.nn.Module):
@@ -94,12 +97,12 @@ class _FakeEmbed(torch.nn.Module):
 
 
 class _Backbone(torch.nn.Module):
-    def __init__(self, hidden):
+    def __init__(self, last, layers):
         super().__init__()
-        self.hidden = hidden
+        self.last, self.layers = last, layers
 
     def forward(self, x, padding, segments=None, return_layers=None):
-        return self.hidden, {i: self.hidden for i in return_layers}
+        return self.last if return_layers is None else (self.last, {i: self.layers[i] for i in return_layers})
 
 
 def test_instances_errors_name_the_record(tmp_path, vl_demo):
