@@ -291,6 +291,7 @@ def vl_runs(tmp_path_factory) -> dict[str, Path]:
     write_dataset(data, seed=1, image_size=32, vqa_train=6, vqa_val=3, questions_per_image=2, nlvr2_train=4,
                   nlvr2_dev=2, text_lines=20)
     front = ["img_size=32", "patch_size=8", "max_text_len=16", "text_positions=16"]
+    # TINY has one block: the recipe's object labels after block 2 move to block 1
     vqa = trained_copy(tmp, data / "vqa", "vl/tiny_vqa_magneto.yaml", "train.batch_size=4", "tasks.vqa.object_loss_block=1",
                        f"tasks.vqa.data_dir={data / 'vqa'}", *(f"tasks.vqa.{f}" for f in front))
     # NLVR2 with a sentencepiece tokenizer (BEiT-3's kind) that lives in the data folder: the

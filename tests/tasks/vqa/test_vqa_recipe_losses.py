@@ -3,6 +3,7 @@ instances agree with its images, the labels follow open_clip's evaluation transf
 records are named, and a VQA run with them trains the patch classifier and still predicts
 without the annotation file. Answer-type weights: the weighted mean of BEiT-3's per-question
 loss, each question weighted by its annotation's answer_type."""
+import dataclasses
 import json
 import shutil
 
@@ -127,6 +128,23 @@ def test_instances_errors_name_the_record(tmp_path, vl_demo):
     assert len(crowd.by_image[first]) == len(full.by_image[first]) - 1  # crowd regions left out
     with pytest.raises(DataError, match=r"image 424242 is not among its images"):
         full.labels_of(424242, 32, 32, 32, 8)
+
+
+def test_dataset_labels_are_drawn_once_per_image_and_name_the_question(vl_demo):
+    """What the VQA dataset gets: an image's labels (the same every time it is asked, drawn
+    once), and an image the instances file lacks names the question record and the file."""
+    from tasks.vqa.data import ObjectLabels, read_split
+
+    objects = read_objects(vl_demo / "coco/annotations/instances_train2014.json")
+    labels = ObjectLabels(objects, 32, 8)
+    q = read_split(vl_demo / "vqa", vl_demo / "vqa", "train2014")[0]
+    first = labels(q, 32, 32)
+    assert first.dtype == torch.long and torch.equal(first, objects.labels_of(q.image_id, 32, 32, 32, 8))
+    objects.by_image[q.image_id] = []  # a later change to the file's objects is not seen: drawn once
+    assert torch.equal(labels(q, 32, 32), first)
+    missing = dataclasses.replace(q, image_id=424242)
+    with pytest.raises(DataError, match=r"question .*image 424242 is not among its images"):
+        labels(missing, 32, 32)
 
 
 def vqa_config(tmp_path, data, **task):
