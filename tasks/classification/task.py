@@ -54,6 +54,7 @@ class ClassificationConfig(TransformConfig):
     mixup_switch_prob: float = 0.5  # probability of CutMix rather than Mixup when both are on
     label_smoothing: float = 0.1
     min_image_size: int = 1  # smaller images are errors naming the file
+    cache_images: bool = False  # keep decoded images in memory (small data sets: ~12 % of a tiny CPU step)
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:
@@ -117,7 +118,8 @@ class Classification(ImageFolderTask):
     def dataset(self, split: str, train: bool) -> ImageFolderDataset:
         c = self.cfg
         return ImageFolderDataset(c.data_dir, split, build_transform(c, train), min_image_size=c.min_image_size,
-                                  random_transform=train, expected_shape=(3, c.img_size, c.img_size))
+                                  random_transform=train, expected_shape=(3, c.img_size, c.img_size),
+                                  cache_images=c.cache_images)
 
     def collate(self, samples):
         images, labels = zip(*samples)

@@ -22,8 +22,9 @@ import torch
 from torch.utils.data import Dataset
 
 from foundation.engine.data import item_seed
+from tasks.vision_common.images import DecodedImages
 from tasks.vl_common.images import DataError, load_image, transform_image
-from tasks.vl_common.text import Tokenizer, pad_texts
+from tasks.vl_common.text import EncodedTexts, Tokenizer, pad_texts
 
 IMAGE_SUBDIRS = {"train": "images/train"}  # other splits: the split name
 
@@ -77,8 +78,9 @@ def read_split(data_dir: str | Path, image_dir: str | Path, split: str) -> list[
 
 class NLVR2Dataset(Dataset):
     def __init__(self, statements: Sequence[Statement], tokenizer: Tokenizer, max_text_len: int, transform: Callable,
-                 random_transform: bool = False):
+                 random_transform: bool = False, cache_images: bool = False):
         self.statements, self.tokenizer, self.max_text_len = list(statements), tokenizer, max_text_len
+        self.decoded, self.encode = DecodedImages(cache_images), EncodedTexts(tokenizer, max_text_len)
         self.transform, self.random_transform = transform, random_transform  # random: seeded per item
 
     def __len__(self) -> int:
@@ -87,10 +89,11 @@ class NLVR2Dataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         s = self.statements[i]
         seed = item_seed(i, True) if self.random_transform else None
-        images = [transform_image(self.transform, load_image(p, s.record), None if seed is None else seed + k, s.record)
+        images = [transform_image(self.transform, self.decoded.get(p, lambda p=p: load_image(p, s.record)),
+                                  None if seed is None else seed + k, s.record)
                   for k, p in enumerate((s.left, s.right))]
         try:
-            ids = self.tokenizer.encode(s.sentence, self.max_text_len)
+            ids = self.encode(s.sentence)
         except ValueError as e:
             raise DataError(f"{s.record}: {e}") from None
         return {"left": images[0], "right": images[1], "text": ids, "label": s.label}

@@ -53,7 +53,8 @@ class NLVR2(VLTask):
         c = self.cfg
         statements = read_split(c.data_dir, c.images, split)[:limit]
         transform = self.image_transform(train)
-        return NLVR2Dataset(statements, self.tokenizer, c.max_text_len, transform, train and self.augments)
+        return NLVR2Dataset(statements, self.tokenizer, c.max_text_len, transform, train and self.augments,
+                            cache_images=c.cache_images)
 
     def train_dataset(self) -> NLVR2Dataset:
         return self._dataset(self.cfg.train_split, True, self.cfg.max_train_statements)

@@ -32,7 +32,7 @@ from torch.utils.data import Dataset
 
 from foundation.config import ConfigError
 from foundation.engine.data import item_seed, seeded
-from tasks.vision_common.images import ImageDataError, load_image
+from tasks.vision_common.images import DecodedImages, ImageDataError, load_image
 
 # what timm and torchvision read; ImageNet's own files are .JPEG
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -92,8 +92,9 @@ class ImageFolderDataset(Dataset):
 
     def __init__(self, root: str | Path, split: str, transform: Callable, *, classes: Sequence[str] | None = None,
                  min_image_size: int = 1, random_transform: bool = False,
-                 expected_shape: Sequence[int] | None = None):
+                 expected_shape: Sequence[int] | None = None, cache_images: bool = False):
         self.root, self.split = Path(root), split
+        self.decoded = DecodedImages(cache_images)
         self.classes = list(classes) if classes is not None else find_classes(root)
         self.samples = scan_split(root, split, self.classes)
         self.transform, self.min_image_size = transform, min_image_size
@@ -105,7 +106,7 @@ class ImageFolderDataset(Dataset):
 
     def load(self, i: int) -> tuple[Image.Image, int]:
         path, label = self.samples[i]
-        return load_image(path, self.min_image_size), label
+        return self.decoded.get(path, lambda: load_image(path, self.min_image_size)), label
 
     def sample(self, i: int) -> tuple[torch.Tensor, int, int | None]:
         """(transformed image, label, the item's augmentation seed or None)."""

@@ -54,6 +54,9 @@ class VLConfig:
     # 768+-wide heads on a pretrained backbone; a from-scratch dim-64 model trained with such a
     # near-zero head fits the answer prior and never looks at the image (docs/vision-language.md)
     head_init_std: float = 0.02
+    # keep every decoded image in memory after its first read (small data sets on CPU, e.g. the
+    # demo's: decoding is ~8 % of a tiny model's step); each DataLoader worker keeps its own
+    cache_images: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:

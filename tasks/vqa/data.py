@@ -28,10 +28,11 @@ import torch
 from torch.utils.data import Dataset
 
 from foundation.engine.data import item_seed
+from tasks.vision_common.images import DecodedImages
 from tasks.vl_common.images import DataError, load_image, transform_image
 from tasks.vl_common.objects import Objects
 from tasks.vl_common.official_json import read_json
-from tasks.vl_common.text import Tokenizer, pad_texts
+from tasks.vl_common.text import EncodedTexts, Tokenizer, pad_texts
 from tasks.vqa.metrics import normalize_answer, soft_score
 
 QUESTIONS = "v2_OpenEnded_mscoco_{split}_questions.json"
@@ -183,8 +184,10 @@ class VQADataset(Dataset):
 
     def __init__(self, questions: Sequence[Question], answers: Sequence[str], tokenizer: Tokenizer, max_text_len: int,
                  transform: Callable, train: bool, out_of_vocab: str = "error", random_transform: bool = False,
-                 objects: Optional[ObjectLabels] = None, answer_type_weights: Optional[dict[str, float]] = None):
+                 objects: Optional[ObjectLabels] = None, answer_type_weights: Optional[dict[str, float]] = None,
+                 cache_images: bool = False):
         self.objects, self.weights = objects, answer_type_weights or None
+        self.decoded, self.encode = DecodedImages(cache_images), EncodedTexts(tokenizer, max_text_len)
         self.index = {a: i for i, a in enumerate(answers)}
         self.tokenizer, self.max_text_len, self.transform = tokenizer, max_text_len, transform
         self.random_transform = random_transform  # seeded per item
@@ -211,10 +214,10 @@ class VQADataset(Dataset):
     def __getitem__(self, i: int) -> dict[str, Any]:
         q = self.questions[i]
         seed = item_seed(i, True) if self.random_transform else None
-        pil = load_image(q.image, q.record)
+        pil = self.decoded.get(q.image, lambda: load_image(q.image, q.record))
         image = transform_image(self.transform, pil, seed, q.record)
         try:
-            ids = self.tokenizer.encode(q.question, self.max_text_len)
+            ids = self.encode(q.question)
         except ValueError as e:
             raise DataError(f"{q.record}: {e}") from None
         labels, scores = self.targets[i]

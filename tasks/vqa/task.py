@@ -139,7 +139,7 @@ class VQA(VLTask):
             objects = ObjectLabels(c.objects(), c.img_size, c.patch_size)
         dataset = VQADataset(questions, c.answers, self.tokenizer, c.max_text_len, transform, train, c.out_of_vocab,
                              random_transform=train and self.augments, objects=objects,
-                             answer_type_weights=c.answer_type_weights if train else None)
+                             answer_type_weights=c.answer_type_weights if train else None, cache_images=c.cache_images)
         if dataset.skipped:
             print(f"vqa: {split}: skipped {dataset.skipped} of {len(questions)} questions with no answer in the "
                   f"{len(c.answers)}-answer vocabulary (out_of_vocab: skip)")

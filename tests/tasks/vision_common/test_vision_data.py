@@ -15,7 +15,7 @@ from foundation.config import ConfigError
 from foundation.engine.data import seeded
 from tasks.classification import demo
 from tasks.vision_common.folder import ImageFolderDataset, check_root, find_classes, scan_split, verify_images
-from tasks.vision_common.images import ImageDataError, load_image
+from tasks.vision_common.images import DecodedImages, ImageDataError, load_image
 from tasks.vision_common.transforms import TransformConfig, _posterize, build_transform
 
 
@@ -142,6 +142,46 @@ def test_augmentation_is_per_item_and_leaves_global_rng(demo_root):
     with seeded(123):
         random.random(), np.random.rand(), torch.rand(1)
     assert (random.random(), np.random.rand()) == expected
+
+
+def test_cache_images_reads_each_file_once_and_changes_no_item(demo_root, monkeypatch):
+    import tasks.vision_common.folder as folder
+
+    opened = []
+
+    def counting(path, *args, **kwargs):
+        opened.append(Path(path).name)
+        return load_image(path, *args, **kwargs)
+
+    monkeypatch.setattr(folder, "load_image", counting)
+    cfg = TransformConfig(img_size=16, crop_pct=1.0)  # RandAugment, crops, flips, erasing: the recipe's kind
+    plain = ImageFolderDataset(demo_root, "train", build_transform(cfg, train=True), random_transform=True)
+    cached = ImageFolderDataset(demo_root, "train", build_transform(cfg, train=True), random_transform=True,
+                                cache_images=True)
+    for epoch in range(3):
+        torch.manual_seed(epoch)
+        a = [plain[i][0] for i in range(len(plain))]
+        torch.manual_seed(epoch)
+        b = [cached[i][0] for i in range(len(cached))]
+        assert all(torch.equal(x, y) for x, y in zip(a, b))  # the same augmented items, epoch after epoch
+    n = len(plain)
+    assert len(opened) == 3 * n + n  # the plain set opens every file every epoch, the cached one once
+
+
+def test_decoded_images_hand_out_copies():
+    loads = []
+
+    def load():
+        loads.append(1)
+        return Image.new("RGB", (4, 4), (10, 20, 30))
+
+    cache = DecodedImages(enabled=True)
+    first = cache.get("a.jpg", load)
+    first.putpixel((0, 0), (255, 0, 0))  # a transform editing its input in place
+    assert cache.get("a.jpg", load).getpixel((0, 0)) == (10, 20, 30) and len(loads) == 1
+    off = DecodedImages(enabled=False)
+    off.get("a.jpg", load), off.get("a.jpg", load)
+    assert len(loads) == 3  # off: every call reads the file
 
 
 def test_randaugment_survives_new_pillow():

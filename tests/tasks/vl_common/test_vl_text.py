@@ -3,7 +3,7 @@ sentencepiece model numbered as BEiT-3 numbers beit3.spm."""
 import pytest
 
 from foundation.config import ConfigError
-from tasks.vl_common.text import SentencePieceTokenizer, get_tokenizer, pad_texts
+from tasks.vl_common.text import EncodedTexts, SentencePieceTokenizer, get_tokenizer, pad_texts
 
 
 def test_open_clip_tokenizer():
@@ -32,3 +32,20 @@ def test_sentencepiece_tokenizer_beit3_numbering(tmp_path):
     assert tok.decode(ids) == "a red circle"
     with pytest.raises(ConfigError, match="field 'spm_model'"):
         get_tokenizer("sentencepiece", str(tmp_path / "missing.model"))
+
+
+def test_encoded_texts_remember_each_text():
+    tok = get_tokenizer("open_clip")
+    calls = []
+    encode = tok.encode
+    tok.encode = lambda text, n: calls.append(text) or encode(text, n)
+    texts = EncodedTexts(tok, 8)
+    ids = texts("Is the red circle left of the blue square?")
+    assert ids == encode("Is the red circle left of the blue square?", 8)
+    ids.append(0)  # the caller's list: changing it changes nothing kept
+    assert texts("Is the red circle left of the blue square?") == ids[:-1] and len(calls) == 1
+    texts.LIMIT = 1
+    texts("a cube"), texts("a cube")
+    assert calls[1:] == ["a cube", "a cube"]  # past the limit: encoded every time, nothing more kept
+    with pytest.raises(ValueError, match="no tokens"):
+        texts("")
