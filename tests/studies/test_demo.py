@@ -63,11 +63,11 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
     got = [(s.stage_name, s.config.format(norm="magneto"), s.data, s.steps, s.metric, s.scale, s.overrides,
             s.minutes) for s in demo.stages()]
     assert got == [
-        ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 900, "top1", 100, ("init_from=null",), 2.3),
+        ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 750, "top1", 100, ("init_from=null",), 2.0),
         ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
         ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1300, "wer_test", 1, (), 6.0),
-        ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 1000, "vqa_accuracy", 100, (), 2.5),
-        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 600, "accuracy", 100, (), 1.4),
+        ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 1500, "vqa_accuracy", 100, (), 3.0),
+        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 400, "accuracy", 100, (), 1.0),
     ]
     assert [demo.data_overrides(s, Path("data"))[0] for s in demo.stages()] == [
         "tasks.classification.data_dir=data/vision-demo", "tasks.segmentation.data_root=data/ade-demo",
@@ -103,3 +103,12 @@ def test_a_stage_starts_after_the_stage_it_starts_from():
     assert order.index("vqa") < order.index("nlvr2") and len(order) == 3
     order = [s.stage_name for s in demo.start_order([by_name["nlvr2"], by_name["vqa"]])]
     assert order == ["vqa", "nlvr2"]
+
+
+def test_each_stage_runs_the_slower_norm_first():
+    """Two threads take the runs in this order: whichever finished first takes the next stage's
+    Magneto run (the longer one), so neither thread collects all the longer runs."""
+    items = [(s.stage_name, n) for s, n in demo.run_order(demo.stages())]
+    assert [n for _, n in items] == ["magneto", "preln"] * 5
+    stages = [name for name, _ in items]
+    assert stages[::2] == [s.stage_name for s in demo.start_order(demo.stages())] and stages[::2] == stages[1::2]
