@@ -54,7 +54,7 @@ class ClassificationConfig(TransformConfig):
     mixup_switch_prob: float = 0.5  # probability of CutMix rather than Mixup when both are on
     label_smoothing: float = 0.1
     min_image_size: int = 1  # smaller images are errors naming the file
-    cache_images: bool = False  # keep decoded images in memory (small data sets: ~12 % of a tiny CPU step)
+    cache_images: bool = False  # keep decoded images in memory (small data sets)
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:

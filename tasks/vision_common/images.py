@@ -82,7 +82,7 @@ class DecodedImages:
     tasks' ``cache_images: true``); off, ``get`` is ``load()`` itself.
 
     For small data sets read for many epochs on CPU, such as the demo's 32- and 48-pixel
-    scenes, where opening and decoding the file is ~8-12 % of a training step. A plain dict,
+    scenes (measured on VQA: ~5 % of a one-core step, 300 steps 41.7 -> 39.6 s). A plain dict,
     not a bounded cache: a set too large to keep whole gains nothing from a bounded one under
     random access. Transforms still run on every item, so augmentation is unchanged; each
     DataLoader worker keeps its own copy."""

@@ -55,7 +55,7 @@ class VLConfig:
     # near-zero head fits the answer prior and never looks at the image (docs/vision-language.md)
     head_init_std: float = 0.02
     # keep every decoded image in memory after its first read (small data sets on CPU, e.g. the
-    # demo's: decoding is ~8 % of a tiny model's step); each DataLoader worker keeps its own
+    # demo's: ~5 % of a tiny VQA step); each DataLoader worker keeps its own
     cache_images: bool = False
 
     def __post_init__(self) -> None:

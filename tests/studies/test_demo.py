@@ -65,7 +65,7 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
     assert got == [
         ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 750, "top1", 100, ("init_from=null",), 2.0),
         ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
-        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1300, "wer_test", 1, (), 6.0),
+        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
         ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 1500, "vqa_accuracy", 100, (), 3.0),
         ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 400, "accuracy", 100, (), 1.0),
     ]
