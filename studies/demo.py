@@ -15,7 +15,7 @@ Each row shows, beside the two rules' numbers, what the metric is without learni
 learnt. Every run is its own job, longest first (speech: two ~6-minute runs), so that the
 two threads finish together; a stage whose recipe names ``init_from_stage`` (NLVR2: VQA)
 starts each run from that stage's run of the same norm and seed, once it has finished.
-14 min 57 s from nothing on 2 otherwise idle cores, measured (data: 20 s).
+14 min 29 s from nothing on 2 otherwise idle cores, measured (data: 22 s).
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def stages() -> list[Recipe]:
     table order.
 
     Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
-    runs at a time: 2 x (6 + 2.3 + 2.5 + 2 + 1.4) run-minutes (``minutes``) / 2, ~15 min."""
+    runs at a time: 2 x (5.2 + 2.2 + 3.2 + 2.4 + 1) run-minutes / 2, ~14 min (``minutes`` orders them)."""
     from studies.recipes import recipes
 
     return [r for r in recipes() if r.data and r.steps]
