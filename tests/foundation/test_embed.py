@@ -26,6 +26,30 @@ def test_vgg_keeps_the_scale_of_normalised_features():
     assert 0.3 < out.std().item() < 3.0
 
 
+def test_vgg_runs_channels_last_and_computes_the_plain_convolutions(tmp_path):
+    import torch.nn.functional as F
+    from safetensors.torch import load_file, save_file
+
+    torch.manual_seed(0)
+    vgg = VGGSubsampling(80, 16, (4, 8))
+    assert all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in vgg.convs if hasattr(m, "weight"))
+    x = torch.randn(2, 30, 80)
+    h = x.unsqueeze(1)  # the same VGG blocks on plain NCHW tensors
+    for conv in (vgg.convs[0], vgg.convs[2]), (vgg.convs[5], vgg.convs[7]):
+        for c in conv:
+            h = F.relu(F.conv2d(h, c.weight.contiguous(), c.bias, padding=1))
+        h = F.max_pool2d(h, 2, ceil_mode=True)
+    expected = vgg.proj(h.permute(0, 2, 1, 3).reshape(2, h.shape[2], -1))
+    torch.testing.assert_close(vgg(x)[0], expected, rtol=1e-5, atol=1e-5)
+    # its weights save and load as any others (safetensors wants contiguous tensors)
+    state = {k: v.contiguous() for k, v in vgg.state_dict().items()}
+    save_file(state, tmp_path / "vgg.safetensors")
+    again = VGGSubsampling(80, 16, (4, 8))
+    again.load_state_dict(load_file(tmp_path / "vgg.safetensors"))
+    assert again.convs[0].weight.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(again(x)[0], vgg(x)[0], rtol=0, atol=0)
+
+
 def test_vgg_rejects_wrong_feature_dim():
     with pytest.raises(ValueError, match=r"expected \(B, frames, 80\)"):
         VGGSubsampling(80, 32)(torch.randn(1, 10, 40))
