@@ -52,8 +52,8 @@ def data_overrides(stage: Recipe, data: Path) -> list[str]:
 
 
 def make_data(names: list[str], data: Path, say, jobs: int = 1) -> None:
-    """Generate the missing data sets, ``jobs`` processes at a time, speech first (the longest:
-    ~11 s of eSpeak synthesis beside the others' ~14 s)."""
+    """Generate the missing data sets, ``jobs`` processes at a time, speech first (the longest).
+    Measured: 21-22 s in all, as sequentially (22 s): alone, speech's resampling used both cores."""
     missing = []
     for name in names:
         out = data / DATA_DIRS[name]
@@ -66,7 +66,7 @@ def make_data(names: list[str], data: Path, say, jobs: int = 1) -> None:
     order = sorted(missing, key=lambda n: (n != "speech", n))
     for name in order:
         say(f"  {name}: generating {data / DATA_DIRS[name]} ...")
-    # processes, not threads: the generators are Python-heavy, two threads take as long as one
+    # processes, not threads: the generators are Python-heavy (two threads: 23 s)
     with ProcessPoolExecutor(max_workers=min(jobs, len(order))) as pool:
         for name, (rc, seconds) in zip(order, pool.map(make_one, order, [data] * len(order))):
             out = data / DATA_DIRS[name]
