@@ -32,11 +32,11 @@ install() {
     echo "run.sh: installing what is missing into $venv (the first time: ~5 min, 7.8 GB) ..." >&2
     local pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
     "${pip[@]}" 'pip<25'                            # ESPnet's dependency ci_sdr declares a git-URL extra that pip >= 25 rejects
-    "${pip[@]}" -e "$root[test]"                    # the package, the `foundation` command, every task's dependencies
+    "${pip[@]}" -e "$root[all,test]"                # the package, the `foundation` command, every extra
     "${pip[@]}" --no-deps torchscale==0.3.0         # official Magneto code; its own pins (timm 0.6, fairscale) conflict
     # an editable install leaves out setup.py's data file: the start-up hook that lets mmseg
-    # import on mmcv-lite (tasks/segmentation/mmseg_autoinstall.py)
-    cp "$root/tasks/segmentation/foundation_mmseg.pth" \
+    # import on mmcv-lite (foundation_tasks/segmentation/mmseg_autoinstall.py)
+    cp "$root/foundation_tasks/segmentation/foundation_mmseg.pth" \
         "$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/"
     echo "$key" > "$venv/.foundation-installed"
 }

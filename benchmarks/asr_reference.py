@@ -5,7 +5,7 @@ Pre-LN and sinusoidal positions, ``nn.LSTM`` predictor, a tanh joint), torchaudi
 RNN-T loss plus CTC (weight 0.5), AdamW with linear warmup and decay, greedy decoding.
 
     foundation data make speech --out data/speech-demo
-    foundation train configs/asr/tiny_preln.yaml          # once: writes the tokenizer + CMVN stats it reads
+    foundation train configs/asr/tiny.yaml backbone.norm=preln # once: writes the tokenizer + CMVN stats it reads
     OMP_NUM_THREADS=1 python benchmarks/asr_reference.py --steps 1200 --lr 4e-3
 
 Prints the greedy WER on dev and test (held-out voices) and the time.
@@ -83,7 +83,7 @@ class Reference(nn.Module):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default="configs/asr/tiny_preln.yaml", help="where the data, tokenizer, buckets come from")
+    p.add_argument("--config", default="configs/asr/tiny.yaml", help="where the data, tokenizer, buckets come from")
     p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--lr", type=float, default=4e-3)
     p.add_argument("--warmup", type=int, default=60)

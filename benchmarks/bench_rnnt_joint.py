@@ -7,7 +7,7 @@ Each variant runs forward + backward once in a fresh process, so that its peak i
 
 * ``full``: ``lin_out(tanh(enc + dec))`` for the whole (B, T, U + 1, V) lattice, then
   ``torchaudio.functional.rnnt_loss`` (plain autograd);
-* ``sub=k``: ``tasks.asr.transducer.transducer_loss(..., sub_batch=k)``: the same loss and
+* ``sub=k``: ``foundation_tasks.asr.transducer.transducer_loss(..., sub_batch=k)``: the same loss and
   gradients, k utterances of the lattice at a time.
 
 Memory is reported two ways: ``peak`` (CPU: growth of the process's peak resident set,
@@ -58,7 +58,7 @@ def run_variant(a: argparse.Namespace, sub_batch: int) -> dict:
     """Forward + backward of one variant in this process; returns its measurements."""
     import torch
 
-    from tasks.asr.transducer import transducer_loss
+    from foundation_tasks.asr.transducer import transducer_loss
 
     torch.manual_seed(0)
     device = torch.device(a.device)

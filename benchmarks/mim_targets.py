@@ -30,8 +30,8 @@ import torch  # noqa: E402
 
 
 def images(folder: str, split: str, size: int, classes=None):
-    from tasks.vision_common.folder import ImageFolderDataset
-    from tasks.vision_common.transforms import uncropped_eval_transform
+    from foundation_tasks.vision_common.folder import ImageFolderDataset
+    from foundation_tasks.vision_common.transforms import uncropped_eval_transform
 
     ds = ImageFolderDataset(folder, split, uncropped_eval_transform(size), classes=classes)
     xs, ys = zip(*(ds[i] for i in range(len(ds))))
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from sklearn.linear_model import LogisticRegression
 
-    from tasks.vision_common.tokenizer import load_tokenizer
+    from foundation_tasks.vision_common.tokenizer import load_tokenizer
 
     try:
         tok = load_tokenizer(a.tokenizer)

@@ -5,7 +5,7 @@
     python benchmarks/reference_segmentation.py --data data/ade-demo --steps 20       # a smoke test
 
 The reference is deliberately plain and independent of the project's pipeline (no mmseg, no
-engine): PIL / numpy read the ADEChallengeData2016 layout (``tasks/segmentation/demo.py``:
+engine): PIL / numpy read the ADEChallengeData2016 layout (``foundation_tasks/segmentation/demo.py``:
 ``images/{training,validation}/*.jpg`` and ``annotations/.../*.png``; label 0 = "other" is
 ignored and 1..8 become classes 0..7, as mmseg's ``reduce_zero_label``; 255 stays ignored).
 Training: every image resized so its short side is 48 (as our eval resize), random 48x48 crops
@@ -18,10 +18,10 @@ upsampled to the crop. Cross-entropy with ignore index 255, AdamW (lr 2e-3, weig
 Evaluation as ours (short side resized to 48, sliding 48x48 windows with stride 32, the logits
 upsampled to the label's full size) and mIoU over the 8 classes of the whole validation split,
 from its own confusion matrix (``confusion`` / ``iou_from_confusion``; a test holds them
-against ``tasks.segmentation.metrics``). Prints one line with mIoU, the per-class IoU and
+against ``foundation_tasks.segmentation.metrics``). Prints one line with mIoU, the per-class IoU and
 the training time.
 
-Our recipe, for comparison: ``foundation train configs/segmentation/tiny_magneto.yaml
+Our recipe, for comparison: ``foundation train configs/segmentation/tiny.yaml
 tasks.0.data_root=DIR`` (UPerHead, mmseg's full augmentation); docs/segmentation.md has both.
 """
 from __future__ import annotations

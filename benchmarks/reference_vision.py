@@ -1,7 +1,7 @@
 """A plain timm ViT on the vision demo data, beside the project's tiny recipe at the same budget.
 
     python benchmarks/reference_vision.py                                  # timm ViT, then ours (Magneto)
-    python benchmarks/reference_vision.py --config configs/vision/tiny_finetune_preln.yaml
+    python benchmarks/reference_vision.py backbone.norm=preln              # ours with Pre-LN
     python benchmarks/reference_vision.py --steps 1200 --seed 1 --no-ours  # the reference alone
     python benchmarks/reference_vision.py --ours-run runs/x/vision-ft      # compare with a finished run
 
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python benchmarks/reference_vision.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/vision-demo", help="ImageNet-layout folder (foundation data make vision)")
-    p.add_argument("--config", default="configs/vision/tiny_finetune_magneto.yaml", help="our recipe")
+    p.add_argument("--config", default="configs/vision/tiny_finetune.yaml", help="our recipe")
     p.add_argument("--steps", type=int, default=None, help="default: the config's train.steps")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--seed", type=int, default=0)

@@ -14,7 +14,7 @@ colour question ("What color is the circle?") on a scene of one colour needs no 
 on a scene of 2-3 colours it needs the shape word to find the object.
 
 The model is any run directory / model file that ``foundation predict`` takes; the answers
-come from the project's own predictors (``tasks.vqa.predict.predict_split``, the NLVR2
+come from the project's own predictors (``foundation_tasks.vqa.predict.predict_split``, the NLVR2
 ``foundation predict`` predictor), VQA scored with the official accuracy. What it showed
 (docs/vision-language.md): the tiny models read colour, not shape.
 """
@@ -28,15 +28,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from tasks.vqa.demo import SceneSpec, kind_of, names_objects_by  # noqa: E402
+from foundation_tasks.vl_common.demo import SceneSpec, kind_of, names_objects_by  # noqa: E402
 
 
 def vqa_breakdown(model: str, data: str, scenes: dict[int, list] | None = None) -> dict[str, dict[str, list[float]]]:
     """{"family": {name: [accuracy per question]}, "names objects by": {...}} on val2014, and
     {"family x scene": {"color: 3 objects, 3 colours": [...]}} given the val scenes."""
-    from tasks.vqa.data import read_split
-    from tasks.vqa.metrics import vqa_accuracy
-    from tasks.vqa.predict import predict_split
+    from foundation_tasks.vqa.data import read_split
+    from foundation_tasks.vqa.metrics import vqa_accuracy
+    from foundation_tasks.vqa.predict import predict_split
 
     questions = {q.question_id: q for q in read_split(data, data, "val2014")}
     results, _ = predict_split(model, "val2014", data_dir=data, annotation_dir=data)
@@ -58,9 +58,9 @@ def redraw_scenes(data: str, seed: int, spec) -> dict[int, list]:
     """{val image id: its objects}, each scene redrawn by the generator and checked against the stored image."""
     import numpy as np
 
-    from tasks.vl_common.images import load_image
-    from tasks.vqa.data import read_split
-    from tasks.vqa.demo import VQA_FIRST_IMAGE_ID, draw_scene
+    from foundation_tasks.vl_common.images import load_image
+    from foundation_tasks.vqa.data import read_split
+    from foundation_tasks.vl_common.demo import VQA_FIRST_IMAGE_ID, draw_scene
 
     scenes: dict[int, list] = {}
     for q in read_split(data, data, "val2014"):
@@ -79,7 +79,7 @@ def redraw_scenes(data: str, seed: int, spec) -> dict[int, list]:
 def nlvr2_breakdown(model: str, data: str) -> dict[str, dict[str, list[float]]]:
     """{"kind": {name: [1.0 if right else 0.0 per statement]}, "names objects by": {...}} on dev."""
     from foundation.engine.predict import load_predictor
-    from tasks.nlvr2.data import read_split
+    from foundation_tasks.nlvr2.data import read_split
 
     predictor = load_predictor(model)
     out: dict[str, dict[str, list[float]]] = {"kind": defaultdict(list), "names objects by": defaultdict(list)}

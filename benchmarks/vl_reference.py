@@ -10,10 +10,10 @@ our pipeline or recipe, and one it shares points at the data or the budget.
 Deliberately independent of the project's pipeline: its own json reading, a word-level
 vocabulary of the training split (unseen words -> <unk>), PIL images scaled to [-1, 1],
 AdamW with linear warmup + cosine decay. VQA: BCE on the soft scores over the majority
-answers of the training split, the official accuracy (``tasks.vqa.metrics``); NLVR2: each
+answers of the training split, the official accuracy (``foundation_tasks.vqa.metrics``); NLVR2: each
 image through the FiLM'd CNN with the sentence, the two pooled features concatenated, a
 True / False MLP. Prints accuracy on the held-out split, on its seen / held-out-template
-items (``tasks.vqa.demo.is_held_out``), and with the images permuted within the split
+items (``foundation_tasks.vl_common.demo.is_held_out``), and with the images permuted within the split
 (a model that ignores the images scores the same).
 """
 from __future__ import annotations
@@ -35,8 +35,8 @@ import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
 
-from tasks.vqa.demo import is_held_out  # noqa: E402
-from tasks.vqa.metrics import normalize_answer, soft_score, vqa_accuracy  # noqa: E402
+from foundation_tasks.vl_common.demo import is_held_out  # noqa: E402
+from foundation_tasks.vqa.metrics import normalize_answer, soft_score, vqa_accuracy  # noqa: E402
 
 
 def words(text: str) -> list[str]:

@@ -2,7 +2,7 @@
 
     python benchmarks/vl_shape_probe.py runs/demo/vqa/runs/magneto_lr0.001_seed0 [RUN ...]
 
-New one-object demo scenes are drawn with the VL generator (``tasks.vqa.demo``, at the
+New one-object demo scenes are drawn with the VL generator (``foundation_tasks.vl_common.demo``, at the
 model's image size), encoded by the model's embedding and backbone *without text*, and a
 softmax regression on the frozen features (class token, mean and max of the patch tokens)
 is trained to name the object's shape (3-way, chance 33.3) and its colour (6-way, chance
@@ -25,8 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from tasks.mim.linear_probe import probe  # noqa: E402
-from tasks.vqa.demo import COLORS, SHAPES, SceneSpec, make_scene, render  # noqa: E402
+from foundation_tasks.mim.linear_probe import probe  # noqa: E402
+from foundation_tasks.vl_common.demo import COLORS, SHAPES, SceneSpec, make_scene, render  # noqa: E402
 
 
 def one_object_scenes(n: int, seed: int, size: int, radius: float) -> tuple[list, torch.Tensor, torch.Tensor]:
@@ -45,7 +45,7 @@ def one_object_scenes(n: int, seed: int, size: int, radius: float) -> tuple[list
 @torch.no_grad()
 def image_features(embed, backbone, transform, images: list, batch: int = 250) -> torch.Tensor:
     """(N, 3 dim): class token, mean and max of the patch tokens, image alone through the backbone."""
-    from tasks.vl_common.beit3 import encode
+    from foundation_tasks.vl_common.beit3 import encode
 
     out = []
     for i in range(0, len(images), batch):
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     except (CheckpointError, ConfigError, NoPredictor, FileNotFoundError, ValueError) as e:  # as vl_breakdown
         print(f"vl_shape_probe: {e}", file=sys.stderr)
         return 2
-    from tasks.vl_common.beit3 import BEiT3Embedding
+    from foundation_tasks.vl_common.beit3 import BEiT3Embedding
 
     not_vl = [run for run, pr in predictors if not isinstance(getattr(pr.head, "embed", None), BEiT3Embedding)]
     if not_vl:

@@ -26,36 +26,29 @@ COMMANDS = [
      "cross-modal against single-modality pretraining per task: foundation compare pretraining [--seeds N]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),
     (("probe", "update"), "studies.probe:main", "DeepNet model-update measurement per norm and depth"),
-    (("export", "timm"), "tasks.classification.export:main",
+    (("export", "timm"), "foundation_tasks.classification.export:main",
      "a classification run as a timm model file: foundation export timm RUN_DIR --out model.safetensors"),
     (("bench", "backbone"), "studies.bench:main", "time our backbone against timm and torchscale"),
 ]
 
 
-# demo data sets -> the task module that generates them (found by name, like tasks in configs)
-DEMO_DATA = {
-    "vision": "tasks.classification.demo",
-    "segmentation": "tasks.segmentation.demo",
-    "speech": "tasks.asr.demo",
-    "vl": "tasks.vqa.demo",
-}
-
-
 def data_make_main(argv: list[str]) -> int:
+    from foundation.config import ConfigError
+    from foundation.engine.demo_cli import demo_data_sets
+
+    sets = demo_data_sets()  # declared by the generators themselves (DEMO_DATA in a task's demo.py)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: foundation data make {" + ",".join(DEMO_DATA) + "} --out DIR [--seed N] [...]")
+        print("usage: foundation data make {" + ",".join(sets) + "} --out DIR [--seed N] [...]")
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
-    if name not in DEMO_DATA:
-        print(f"foundation data make: unknown data set {name!r}; known: {', '.join(DEMO_DATA)}", file=sys.stderr)
+    if name not in sets:
+        print(f"foundation data make: unknown data set {name!r}; known: {', '.join(sets)}", file=sys.stderr)
         return 2
     try:
-        module = importlib.import_module(DEMO_DATA[name])
-    except ModuleNotFoundError as e:
-        if e.name and DEMO_DATA[name].startswith(e.name):
-            print(f"foundation data make: the {name!r} generator ({DEMO_DATA[name]}) is not installed", file=sys.stderr)
-            return 2
-        raise
+        module = importlib.import_module(sets[name].module)
+    except ConfigError as e:  # the generator's task needs an install extra
+        print(f"foundation data make {name}: {e}", file=sys.stderr)
+        return 2
     return module.main(rest) or 0
 
 

@@ -22,6 +22,20 @@ class ConfigError(ValueError):
     """A config field is unknown, mistyped or out of range; the message names it."""
 
 
+def _by_norm(values: Any, *, _root_: DictConfig) -> Any:
+    """``${by_norm:{magneto: 5.0e-3, preln: 3.0e-3}}``: the value for the config's own
+    ``backbone.norm``, so one config carries a recipe whose settings differ per norm (the
+    papers tune the peak lr per norm) and ``backbone.norm=preln`` switches all of them."""
+    norm = OmegaConf.select(_root_, "backbone.norm", default="magneto")
+    if norm not in values:
+        raise ConfigError(f"by_norm gives no value for backbone.norm={norm!r} (it has: {', '.join(values)})")
+    return values[norm]
+
+
+if not OmegaConf.has_resolver("by_norm"):
+    OmegaConf.register_new_resolver("by_norm", _by_norm)
+
+
 def build(cls: Type[T], *sources: Any, where: str = "config") -> T:
     """Build dataclass ``cls`` from dicts / OmegaConf nodes / dotted ``key=value`` lists,
     later sources overriding earlier ones. ``where`` (e.g. a file name) prefixes errors."""
@@ -245,7 +259,7 @@ class BackboneConfig:
     @classmethod
     def from_dict(cls, data: dict, where: str = "backbone config") -> "BackboneConfig":
         """A saved backbone config (a model file's, a run's)."""
-        return build(cls, saved_backbone_fields(data), where=where)
+        return build(cls, data, where=where)
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "BackboneConfig":
@@ -262,16 +276,6 @@ class BackboneConfig:
 
     def replace(self, **changes: Any) -> "BackboneConfig":
         return build(BackboneConfig, {**self.to_dict(), **changes}, where="backbone config")
-
-
-def saved_backbone_fields(data: Any) -> Any:
-    """Backbone fields as files saved before ``final_norm`` became optional wrote them: every
-    post-norm run stored ``final_norm: true``, which that rule never applied; read as the rule's own."""
-    if isinstance(data, dict) or hasattr(data, "keys"):
-        norm = data.get("norm", "magneto")
-        if data.get("final_norm") is True and norm in RULES and not RULES[norm].pre_norm:
-            return {**data, "final_norm": None}
-    return data
 
 
 # Sizes follow the ViT tables (tiny/small/base/large); the two normalisation presets

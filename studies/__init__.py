@@ -12,6 +12,6 @@
 
 They share ``runs`` (launch or resume a `foundation train` run, read what it left),
 ``verdict`` (how a run is judged), ``report`` (tables) and ``recipes`` (the tasks' declared
-recipes, ``tasks/<task>/recipe.py``). Studies import foundation and tasks; neither imports
+recipes, ``foundation_tasks/<task>/recipe.py``). Studies import foundation and tasks; neither imports
 studies (``foundation.cli`` names their commands by string).
 """

@@ -54,11 +54,6 @@ def known_norms() -> list[str]:
     return [*NORMS, *norm_presets()]
 
 
-def rule_of(norm: str) -> str:
-    """The rule under a --norms name (a preset's own rule): what a config pattern's {norm} names."""
-    return norm_presets().get(norm, {}).get("norm", norm)
-
-
 def norm_overrides(norm: str) -> list[str]:
     """The one place a --norms name becomes overrides: a rule sets backbone.norm; a preset sets
     its fields (foundation_ln: postln + residual_scale 0.974; upscale_ln: deepnorm + init_gain 1.0)."""
@@ -229,8 +224,8 @@ examples:
   foundation compare configs/seq2seq/tiny.yaml                          # preln vs magneto, 1 seed, the config's lr
   foundation compare configs/seq2seq/tiny.yaml --norms postln,preln,deepnorm,magneto --seeds 3
   foundation compare configs/seq2seq/tiny.yaml --lrs 1e-3,3e-3,1e-2,3e-2,1e-1 --out runs/lr-sweep train.steps=200
-  foundation compare configs/vision/tiny_finetune_magneto.yaml --seeds 2 train.steps=100
-  foundation compare configs/vl/tiny_nlvr2_magneto.yaml --seeds 2 \
+  foundation compare configs/vision/tiny_finetune.yaml --seeds 2 train.steps=100
+  foundation compare configs/vl/tiny_nlvr2.yaml --seeds 2 \
       init_from=runs/compare-vqa/runs/{norm}_lr0.001_seed{seed}/best/model.safetensors   # {norm}, {seed}: each run's
   foundation compare depth                                              # DeepNet's depth figure in miniature
   foundation compare depth --thousand                                   # 500L-500L, deepnorm and magneto

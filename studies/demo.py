@@ -32,11 +32,17 @@ from foundation.engine.recipe import Recipe
 
 NORMS = ("preln", "magneto")
 SLOWEST_FIRST = ("magneto", "preln")  # the order of each stage's runs (run_order)
-DATA_DIRS = {"vision": "vision-demo", "segmentation": "ade-demo", "speech": "speech-demo", "vl": "vl"}
+
+
+def data_dirs() -> dict[str, str]:
+    """Demo data set -> its folder under data/, as the generators declare them."""
+    from foundation.engine.demo_cli import demo_data_sets
+
+    return {d.name: d.folder for d in demo_data_sets().values()}
 
 
 def stages() -> list[Recipe]:
-    """The demo's stages: every task recipe (tasks/<task>/recipe.py) with demo data and demo steps, in
+    """The demo's stages: every task recipe (foundation_tasks/<task>/recipe.py) with demo data and demo steps, in
     table order.
 
     Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
@@ -48,7 +54,7 @@ def stages() -> list[Recipe]:
 
 def data_overrides(stage: Recipe, data: Path) -> list[str]:
     """Point the config's data fields at ``data`` (the configs read ``data/<set>``)."""
-    return [stage.data_override.format(root=data / DATA_DIRS[stage.data])]
+    return [stage.data_override.format(root=data / data_dirs()[stage.data])]
 
 
 def make_data(names: list[str], data: Path, say, jobs: int = 1) -> None:
@@ -56,7 +62,7 @@ def make_data(names: list[str], data: Path, say, jobs: int = 1) -> None:
     Measured: 21-22 s in all, as sequentially (22 s): alone, speech's resampling used both cores."""
     missing = []
     for name in names:
-        out = data / DATA_DIRS[name]
+        out = data / data_dirs()[name]
         if out.is_dir() and any(out.iterdir()):
             say(f"  {name}: {out} exists, reused")
         else:
@@ -65,11 +71,11 @@ def make_data(names: list[str], data: Path, say, jobs: int = 1) -> None:
         return
     order = sorted(missing, key=lambda n: (n != "speech", n))
     for name in order:
-        say(f"  {name}: generating {data / DATA_DIRS[name]} ...")
+        say(f"  {name}: generating {data / data_dirs()[name]} ...")
     # processes, not threads: the generators are Python-heavy (two threads: 23 s)
     with ProcessPoolExecutor(max_workers=min(jobs, len(order))) as pool:
         for name, (rc, seconds) in zip(order, pool.map(make_one, order, [data] * len(order))):
-            out = data / DATA_DIRS[name]
+            out = data / data_dirs()[name]
             if rc:
                 raise SystemExit(f"foundation demo: `foundation data make {name} --out {out}` failed (exit {rc})")
             say(f"  {name}: {out} ({seconds:.0f} s)")
@@ -79,10 +85,10 @@ def make_one(name: str, data: Path) -> tuple[int, float]:
     """``foundation data make NAME --out DATA/<dir>`` (in a worker process): exit code, seconds."""
     import importlib
 
-    from foundation.cli import DEMO_DATA
+    from foundation.engine.demo_cli import demo_data_sets
 
     start = time.perf_counter()
-    rc = importlib.import_module(DEMO_DATA[name]).main(["--out", str(data / DATA_DIRS[name])])
+    rc = importlib.import_module(demo_data_sets()[name].module).main(["--out", str(data / data_dirs()[name])])
     sys.stdout.flush()
     return rc, time.perf_counter() - start
 
@@ -185,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
                 "eval.every=0", "save.every=0", "save.keep=1"]
 
     def stage_compare(stage: Recipe, norms) -> int:
-        name, config = stage.stage_name, stage.config.format(norm="magneto")  # compare sets the norm per run
+        name, config = stage.stage_name, stage.config  # compare sets the norm per run
         overrides = stage_overrides(stage)
         lr = _config_lr(config, overrides)
         if stage.init_from_stage:  # each run starts from that stage's run of the same norm and seed
             dep = next(s for s in chosen if s.stage_name == stage.init_from_stage)
-            dep_lr = _config_lr(dep.config.format(norm="magneto"), stage_overrides(dep))
+            dep_lr = _config_lr(dep.config, stage_overrides(dep))
             overrides.append(f"init_from={a.out / dep.stage_name / 'runs' / run_name('{norm}', dep_lr, '{seed}')}"
                              "/best/model.safetensors")
         return compare(Path(config), a.out / name, norms, [0], [lr], overrides,

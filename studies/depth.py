@@ -52,7 +52,7 @@ DEPTH_RECIPE = {
     "train": {"steps": 100, "batch_size": 64},
     "eval": {"every": 50, "batch_size": 128},  # greedy decoding re-runs the decoder per token: few, large batches
     "save": {"every": 0, "keep": 1},
-    "log": {"progress": False, "tensorboard": False},
+    "log": {"progress": False, "writers": ["jsonl"]},
 }
 # 500L-500L: half the batch (a step costs ~5x a 100L-100L one) and a third of the lr: at 3e-3
 # DeepNorm's 1000-layer model stalls at the token-frequency plateau (Magneto's trains)

@@ -6,7 +6,7 @@ same budget, several seeds, and print the table (the README's vision table).
 
 Runs the chain with ``foundation train`` (as a user would): the tokenizer
 (``configs/vision/tiny_tokenizer.yaml``), one MIM pretraining per norm
-(``tiny_mim_{norm}.yaml``), then ``tiny_finetune_{norm}.yaml`` per seed with
+(``tiny_mim.yaml``), then ``tiny_finetune.yaml`` per seed with
 ``init_from`` the MIM run, and with ``init_from=null`` (scratch): the same steps,
 schedule, augmentation and seed. Finished runs are reused, so an interrupted comparison
 continues where it stopped. The score is the top-1 of the final evaluation (not the
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     tok = run_dir(a.out, "vision-tokenizer-tiny") / "best" / "model.safetensors"
     train(CONFIGS / "tiny_tokenizer.yaml", "vision-tokenizer-tiny", a.out, data, "vq_tokenizer/rec_loss", a.jobs)
     with ThreadPoolExecutor(a.jobs) as pool:
-        mim = {norm: pool.submit(train, CONFIGS / f"tiny_mim_{norm}.yaml", f"vision-mim-tiny-{norm}", a.out,
-                                 data + [f"tasks.0.tokenizer={tok}", *a.mim], "mim/mim_acc", 1) for norm in NORMS}
+        mim = {norm: pool.submit(train, CONFIGS / "tiny_mim.yaml", f"vision-mim-tiny-{norm}", a.out,
+                                 data + [f"backbone.norm={norm}", f"tasks.0.tokenizer={tok}", *a.mim], "mim/mim_acc", 1) for norm in NORMS}
         for f in mim.values():
             f.result()
         jobs = {}
@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
                 for init, init_from in (("scratch", "null"), ("MIM", str(pre))):
                     name = f"vision-ft-tiny-{norm}-{init.lower()}-s{seed}"
                     jobs[(norm, init, seed)] = pool.submit(
-                        train, CONFIGS / f"tiny_finetune_{norm}.yaml", name, a.out,
-                        data + [f"seed={seed}", f"init_from={init_from}", *a.finetune], "classification/top1", 1)
+                        train, CONFIGS / "tiny_finetune.yaml", name, a.out,
+                        data + [f"backbone.norm={norm}", f"seed={seed}", f"init_from={init_from}", *a.finetune], "classification/top1", 1)
         results = {(n, i): [jobs[(n, i, s)].result() for s in a.seeds] for n in NORMS for i in ("scratch", "MIM")}
     print()
-    print(table(results, a.seeds, "configs/vision/tiny_finetune_{magneto,preln}.yaml " + " ".join(a.finetune)))
+    print(table(results, a.seeds, "configs/vision/tiny_finetune.yaml backbone.norm={magneto,preln} " + " ".join(a.finetune)))
     return 0
 
 

@@ -12,7 +12,7 @@ modality, rel_pos 1d), all with the same steps, batches, schedule and seed:
 
 "Same budget" is thus the same optimizer steps and the same in-modality data; the cross-modal
 run spends more compute per step (the other modalities' batches). Then every task's tiny
-recipe (each task whose ``tasks/<task>/recipe.py`` names a modality) fine-tunes from
+recipe (each task whose ``foundation_tasks/<task>/recipe.py`` names a modality) fine-tunes from
 scratch, from its modality's run and from the cross-modal run, with its backbone set to the
 pretraining one (width, depth, heads, relative positions) in all three, so only the
 initialisation differs. Every cell is an ordinary ``foundation compare``
@@ -35,12 +35,12 @@ from typing import Callable, Optional, Sequence
 
 from foundation.config import ConfigError
 from foundation.engine.recipe import Recipe
-from studies.compare import Runner, check_overrides, compare, grid, norm_overrides, parse_norms, parse_seeds, rule_of
+from studies.compare import Runner, check_overrides, compare, grid, norm_overrides, parse_norms, parse_seeds
 from studies.compare import write_report as write_cell_report
 from studies.plots import pyplot
 from studies.verdict import Rules, judge
 
-PRETRAIN_CONFIG = "configs/crossmodal/tiny_{norm}.yaml"
+PRETRAIN_CONFIG = "configs/crossmodal/tiny.yaml"
 # modality run -> the task entries (ids in the cross-modal config) it keeps
 PRETRAIN_RUNS = {"vision": ("mim",), "vl": ("text", "image", "pair"), "speech": ("speech",),
                  "crossmodal": ("mim", "text", "image", "pair", "speech")}
@@ -55,7 +55,7 @@ FINETUNE_ORDER = ("speech", "vl", "vision")
 
 
 def finetunes() -> list[Recipe]:
-    """The tasks whose recipe (tasks/<task>/recipe.py) names a pretraining modality: by
+    """The tasks whose recipe (foundation_tasks/<task>/recipe.py) names a pretraining modality: by
     modality (``FINETUNE_ORDER``), then in the recipes' table order."""
     from studies.recipes import recipes
 
@@ -175,7 +175,7 @@ def main(argv: Sequence[str]) -> int:
         if a.jobs < 1:
             raise ValueError("--jobs must be >= 1")
         check_overrides(a.overrides, ("backbone.norm", "seed", "run_name", "output_dir", "resume", "overwrite"))
-        pre_config = Path(PRETRAIN_CONFIG.format(norm=rule_of(norm)))
+        pre_config = Path(PRETRAIN_CONFIG)
         base, specs = load_config(pre_config, a.overrides, check_data=False)
     except (ValueError, ConfigError) as e:
         print(f"foundation compare pretraining: error: {e}", file=sys.stderr)
@@ -210,7 +210,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
               f"(it has {', '.join(all_ids)})", file=sys.stderr)
         return 2
     pre = {r: [*pre_overrides, *pretrain_overrides(pretrain_runs[r], all_ids)] for r in needed}
-    recipe = {ft.task: Path(ft.config.format(norm=rule_of(norm))) for ft in finetunes}
+    recipe = {ft.task: Path(ft.config) for ft in finetunes}
 
     # every recipe resolves (data, tokenizer, overrides) before anything trains, the fine-tuning
     # ones as scratch runs (their init_from files come from the pretraining); each keeps its own

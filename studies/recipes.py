@@ -1,4 +1,4 @@
-"""The tasks' declared recipes (``RECIPE`` in ``tasks/<task>/recipe.py``), found by task name."""
+"""The tasks' declared recipes (``RECIPE`` in ``foundation_tasks/<task>/recipe.py``), found by task name."""
 from __future__ import annotations
 
 import importlib

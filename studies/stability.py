@@ -3,7 +3,7 @@
     foundation compare stability [--tasks ...] [--norms ...] [--depths 24,48] [--lrs ...] [--seeds 2]
                                  [--quick] [--clip [C]] [--jobs 2] [--data DIR] [--out DIR] [key=value ...]
 
-For every task with a recipe (``tasks/<task>/recipe.py``: image classification, MIM, segmentation,
+For every task with a recipe (``foundation_tasks/<task>/recipe.py``: image classification, MIM, segmentation,
 speech recognition, VQA, NLVR2, seq2seq) a deep, narrow version of its tiny recipe - depth 24
 (and 48 where the recipe asks for it and the budget allows), width ``NARROW`` where the recipe is
 wider - trains over a ladder of peak learning rates (``RUNGS`` rungs of x``FACTOR`` from the
@@ -85,7 +85,7 @@ def plan_task(recipe: Recipe, data: Path, *, depths: Optional[Sequence[int]], lr
     from foundation.engine.config import load_config
     from studies.demo import data_overrides
 
-    config = Path(recipe.config.format(norm="magneto"))  # each run sets its own rule
+    config = Path(recipe.config)  # each run sets its own rule
     base = [*recipe.overrides, *(data_overrides(recipe, data) if recipe.data else [])]
     if before is not None:
         base.append(recipe.before_override.format(run=before))
@@ -99,7 +99,7 @@ def plan_task(recipe: Recipe, data: Path, *, depths: Optional[Sequence[int]], lr
     overrides = [*base, *narrow, f"schedule.warmup_steps={warmup}", *recipe.stability_overrides,
                  f"train.steps={n_steps}",
                  f"optim.clip_grad={clip if clip is not None else 'null'}", "eval.every=0", "save.every=0",
-                 "save.keep=1", f"log.every={max(1, n_steps // 40)}", "log.tensorboard=false", *user]
+                 "save.keep=1", f"log.every={max(1, n_steps // 40)}", "log.writers=[jsonl]", *user]
     depths = list(depths or recipe.stability_depths or DEPTHS)
     lrs = list(lrs or ladder(recipe.stability_lr or cfg.optim.lr * LOWEST))
     if quick:
@@ -120,19 +120,15 @@ def train_before(recipe: Recipe, data: Path, out: Path, say: Callable[[str], Non
         return None
     config, *extra = recipe.before
     run_dir = out / "before" / recipe.task
-    root = data / _data_dirs()[recipe.data] if recipe.data else data
+    from studies.demo import data_dirs
+
+    root = data / data_dirs()[recipe.data] if recipe.data else data
     overrides = [*(o.format(root=root) for o in extra), f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
                  "log.progress=false"]
     failure = runs.ensure(Path(config), overrides, run_dir, say=say, head=f"{recipe.task}: {config} (needed first)")
     if failure:
         raise RuntimeError(f"{recipe.task}: {config} failed: {failure}")
     return run_dir
-
-
-def _data_dirs() -> dict[str, str]:
-    from studies.demo import DATA_DIRS
-
-    return DATA_DIRS
 
 
 # ---------------------------------------------------------------------------- the study

@@ -31,12 +31,12 @@ METRICS = {"vqa": "vqa/vqa_accuracy", "nlvr2": "nlvr2/accuracy"}
 
 def runs(norm: str, seed: int, out: str, extra: list[str]) -> list[tuple[str, list[str]]]:
     """(run name, `foundation train` arguments) in the order they must run."""
-    common = [f"seed={seed}", f"output_dir={out}", "overwrite=true", "log.progress=false", *extra]
+    common = [f"backbone.norm={norm}", f"seed={seed}", f"output_dir={out}", "overwrite=true", "log.progress=false", *extra]
     pre = f"pretrain-{norm}-s{seed}"
     weights = f"{out}/{pre}/best/model.safetensors"
-    plan = [(pre, [f"configs/vl/tiny_pretrain_{norm}.yaml", f"run_name={pre}", *common])]
+    plan = [(pre, ["configs/vl/tiny_pretrain.yaml", f"run_name={pre}", *common])]
     for task in METRICS:
-        config = f"configs/vl/tiny_{task}_{norm}.yaml"
+        config = f"configs/vl/tiny_{task}.yaml"
         plan.append((f"{task}-{norm}-scratch-s{seed}", [config, f"run_name={task}-{norm}-scratch-s{seed}", *common]))
         plan.append((f"{task}-{norm}-pt-s{seed}", [config, f"run_name={task}-{norm}-pt-s{seed}", f"init_from={weights}",
                                                   *common]))
@@ -65,8 +65,8 @@ def breakdown(run_dir: Path) -> dict[str, float]:
     much the model looks at the images at all)."""
     from foundation import checkpoint
     from foundation.engine.model import MultiTaskModel  # (registers its checkpoint kind)
-    from tasks.vqa.demo import is_held_out
-    from tasks.vqa.metrics import vqa_accuracy
+    from foundation_tasks.vl_common.demo import is_held_out
+    from foundation_tasks.vqa.metrics import vqa_accuracy
 
     last = max((run_dir / "ckpt").glob("step_*"))
     model = checkpoint.load(last / "model.safetensors").eval()

@@ -50,7 +50,7 @@ def write_vision_demo(parent, train_per_class: int = 8, val_per_class: int = 4):
     """A tiny ImageNet-layout folder under ``parent``: 3 classes of 16 px demo images."""
     from pathlib import Path
 
-    from tasks.classification import demo
+    from foundation_tasks.classification import demo
 
     root = Path(parent) / "demo"
     demo.write_dataset(root, seed=0, size=16, train_per_class=train_per_class, val_per_class=val_per_class,

@@ -18,14 +18,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_shipped_config_by_name_and_by_readme_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # outside the clone: configs/ does not exist here
-    want = (shipped_configs_dir() / "vision" / "tiny_finetune_magneto.yaml").resolve()
-    for name in ("vision/tiny_finetune_magneto", "vision/tiny_finetune_magneto.yaml",
-                 "configs/vision/tiny_finetune_magneto.yaml"):
+    want = (shipped_configs_dir() / "vision" / "tiny_finetune.yaml").resolve()
+    for name in ("vision/tiny_finetune", "vision/tiny_finetune.yaml",
+                 "configs/vision/tiny_finetune.yaml"):
         assert find_config(name).resolve() == want, name
     # a file in the current directory wins over a shipped config of the same name
     (tmp_path / "vision").mkdir()
-    (tmp_path / "vision" / "tiny_finetune_magneto.yaml").write_text("run_name: mine\n")
-    assert find_config("vision/tiny_finetune_magneto.yaml") == Path("vision/tiny_finetune_magneto.yaml")
+    (tmp_path / "vision" / "tiny_finetune.yaml").write_text("run_name: mine\n")
+    assert find_config("vision/tiny_finetune.yaml") == Path("vision/tiny_finetune.yaml")
     with pytest.raises(ConfigError, match="config file not found: vision/nope.*shipped config"):
         find_config("vision/nope")
 
@@ -49,7 +49,7 @@ def test_every_config_is_package_data():
 def test_cli_trains_a_shipped_config_from_another_directory(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "foundation.cli", "train", "seq2seq/tiny", "train.steps=2", "eval.every=0",
-           "log.progress=false", "log.tensorboard=false", "output_dir=runs"]
+           "log.progress=false", "log.writers=[jsonl]", "output_dir=runs"]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "runs" / "seq2seq-tiny" / "best" / "model.safetensors").is_file()

@@ -5,7 +5,7 @@ A checkpoint is one ``.safetensors`` file. Its metadata holds the model kind (a 
 from the file alone. Kinds are an explicit registry: a file names a kind, never a class
 path, and nothing is ever unpickled. The file also names the module whose import
 registers its kind (``foundation.module``); ``load`` imports it when the kind is not yet
-registered, but only a module of this project's own packages (``foundation``, ``tasks``),
+registered, but only a module of this project's own packages (``foundation``, ``foundation_tasks``),
 so a run's ``MultiTaskModel``, a ``VisionTransformer`` or a ``BEiT3`` loads with no import
 first, and this module depends on none of them.
 
@@ -78,16 +78,13 @@ def register_model_kind(
 
 register_model_kind("Backbone", Backbone, BackboneConfig, BackboneConfig.from_dict)
 
-# Where the project's own kinds register, for files written before META_MODULE existed.
-_KIND_MODULES = {"VisionTransformer": "foundation.vit", "MultiTaskModel": "foundation.engine.model",
-                 "BEiT3": "tasks.vl_common.beit3"}
-_OWN_PACKAGES = ("foundation.", "tasks.")  # a file may only name modules of this project for import
+_OWN_PACKAGES = ("foundation.", "foundation_tasks.")  # a file may only name modules of this project for import
 
 
 def _import_kind(kind_name: str, metadata: Mapping[str, str]) -> None:
-    """Import the module that registers ``kind_name`` (named by the file, or by the table
-    above), found by name as the engine finds tasks, so that this module imports none of them."""
-    module = metadata.get(META_MODULE) or _KIND_MODULES.get(kind_name)
+    """Import the module that registers ``kind_name`` (named by the file), found by name as
+    the engine finds tasks, so that this module imports none of them."""
+    module = metadata.get(META_MODULE)
     if module and module.startswith(_OWN_PACKAGES):
         importlib.import_module(module)
 

@@ -135,12 +135,17 @@ class SaveConfig:
 
 @dataclass
 class LogConfig:
-    every: int = 1  # steps between metrics.jsonl / TensorBoard records
+    every: int = 1  # steps between metric records
     progress: bool = True  # tqdm progress bar on rank 0
-    tensorboard: bool = True
+    # where the records go (engine/metrics_log.py): jsonl (always: resume and the studies read
+    # it), tensorboard, csv, or module:Class of your own
+    writers: List[str] = field(default_factory=lambda: ["jsonl", "tensorboard"])
 
     def __post_init__(self) -> None:
         _check(self.every >= 1, "log.every", self.every, "must be >= 1")
+        _check("jsonl" in self.writers, "log.writers", self.writers,
+               "must include jsonl (metrics.jsonl is the record that resume, compare and plot read)")
+        _check(len(set(self.writers)) == len(self.writers), "log.writers", self.writers, "names a writer twice")
 
 
 @dataclass
@@ -188,8 +193,6 @@ class TaskEntry:
 
 
 ENTRY_KEYS = tuple(TaskEntry.__dataclass_fields__)
-# task fields that started a task's front end or head from a file; the top-level init_from does it now
-REMOVED_TASK_FIELDS = ("init_embed_from", "pretrained")
 
 
 @dataclass
@@ -227,10 +230,6 @@ def task_specs(entries: Sequence[Mapping[str, Any]], where: str = "config") -> l
         except ConfigError as e:
             raise ConfigError(f"{here}: field 'name': {e}") from None
         fields = {k: v for k, v in item.items() if k not in ENTRY_KEYS}
-        for old in REMOVED_TASK_FIELDS:
-            if old in fields:
-                raise ConfigError(f"{here} ({engine.name}): field {old!r} was removed: use init_from (the top-level "
-                                  "field loads the backbone and every front-end or head tensor whose name matches)")
         config = build(cls.Config, fields, where=f"{here} ({engine.name})")
         spec = TaskSpec(engine.id or engine.name, engine.name, engine.weight, engine.batch_size, cls, config)
         try:
@@ -260,7 +259,7 @@ def shipped_configs_dir() -> Path | None:
 
 def find_config(path: str | Path) -> Path:
     """A config file by path (relative to the current directory), else a shipped config by
-    name: ``vision/tiny_finetune_magneto``, with or without ``.yaml`` and ``configs/``, so
+    name: ``vision/tiny_finetune``, with or without ``.yaml`` and ``configs/``, so
     the README's ``configs/...`` paths work from any directory."""
     path = Path(path)
     if path.is_file():
@@ -271,7 +270,7 @@ def find_config(path: str | Path) -> Path:
         for candidate in (name, name.with_name(name.name + ".yaml")):
             if (shipped / candidate).is_file():
                 return shipped / candidate
-    where = f" (nor a shipped config under {shipped}: e.g. vision/tiny_finetune_magneto)" if shipped else ""
+    where = f" (nor a shipped config under {shipped}: e.g. vision/tiny_finetune)" if shipped else ""
     raise ConfigError(f"config file not found: {path}{where}")
 
 

@@ -3,17 +3,49 @@
 ``--seed``, refusing or replacing a non-empty output directory, timing the write, and
 errors printed as ``foundation data make NAME: ...`` with exit status 2.
 
-The generators themselves (what they draw, synthesise and write) stay in their tasks."""
+The generators themselves (what they draw, synthesise and write) stay in their tasks. A
+generator declares its data set in its own ``demo.py``, found by convention like tasks and
+recipes (no table lists them), as a literal read without importing the module (so listing
+the data sets costs nothing and needs no task's extra)::
+
+    DEMO_DATA = {"name": "vision", "folder": "vision-demo"}   # foundation data make vision
+"""
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib.util
 import shutil
 import sys
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 PROG = "foundation data make"
+
+
+@dataclass(frozen=True)
+class DemoData:
+    name: str  # foundation data make NAME
+    folder: str  # its folder under the demo's data/ (the configs' default data paths)
+    module: str  # the generator: main(argv) -> exit status
+
+
+def demo_data_sets() -> dict[str, DemoData]:
+    """Every ``DEMO_DATA`` of a ``demo.py`` in a package of the task package, by name."""
+    from foundation.engine.task import TASKS_PACKAGE
+
+    spec = importlib.util.find_spec(TASKS_PACKAGE)
+    found: dict[str, DemoData] = {}
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for path in sorted(Path(root).glob("*/demo.py")):
+            for node in ast.parse(path.read_text(), str(path)).body:
+                if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["DEMO_DATA"]:
+                    fields = ast.literal_eval(node.value)
+                    module = f"{TASKS_PACKAGE}.{path.parent.name}.demo"
+                    found.setdefault(fields["name"], DemoData(fields["name"], fields["folder"], module))
+    return dict(sorted(found.items()))
 
 
 def demo_parser(name: str, description: str, *, out_help: str = "output directory",

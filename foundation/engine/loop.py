@@ -51,7 +51,7 @@ from foundation.engine.config import TaskSpec, TrainConfig, resolve
 from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
 from foundation.engine.distributed import Env
 from foundation.engine.failure import DataError, one_line
-from foundation.engine.logging import MetricsLog, Progress
+from foundation.engine.metrics_log import MetricsLog, Progress
 from foundation.engine.init import check_init_from, load_init_from
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import EMA, build_optimizer, build_scheduler
@@ -480,7 +480,7 @@ class Trainer:
             done = self.step >= cfg.train.steps
             return self._result("finished" if done else "stopped", f"{self.run_dir} is already at step {self.step} "
                                 f"(train.steps={cfg.train.steps}); nothing to do")
-        log = MetricsLog(self.run_dir, enabled=self.env.is_main, tensorboard=cfg.log.tensorboard,
+        log = MetricsLog(self.run_dir, enabled=self.env.is_main, writers=cfg.log.writers,
                          resume_step=self.resumed_at)
         self.progress = Progress(enabled=cfg.log.progress, total=cfg.train.steps, initial=self.step,
                                  desc=cfg.run_name, every=cfg.log.every, main=self.env.is_main)

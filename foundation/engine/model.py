@@ -11,8 +11,8 @@ from typing import Any, Dict, List
 from torch import nn
 
 from foundation import checkpoint
-from foundation.config import BackboneConfig, build, saved_backbone_fields
-from foundation.engine.config import REMOVED_TASK_FIELDS, task_specs
+from foundation.config import BackboneConfig, build
+from foundation.engine.config import task_specs
 from foundation.engine.task import SharedModules, Task
 from foundation.transformer import Backbone
 
@@ -27,13 +27,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict, where: str = "model config") -> "ModelConfig":
-        if isinstance(data, dict) and "backbone" in data:
-            data = {**data, "backbone": saved_backbone_fields(data["backbone"])}
         cfg = build(cls, data, where=where)
-        # files saved before init_from was the one way to start from a file name the old
-        # fields; their weights are in the file, so the fields mean nothing here
-        cfg.tasks = [{k: v for k, v in t.items() if k not in REMOVED_TASK_FIELDS} if isinstance(t, dict) else t
-                     for t in cfg.tasks]
         task_specs(cfg.tasks, where)  # validates every task entry
         return cfg
 

@@ -172,7 +172,10 @@ def load_predictor(source: str | Path, task: str | None = None, device: str | to
     if len(candidates) > 1:
         raise NoPredictor(f"{path}: several tasks can predict ({', '.join(candidates)}); pick one with --task ID")
     tid = candidates[0]
-    meta = (model.saved_meta or {}).get(tid) or _meta_from_data(model.tasks[tid], path)
+    meta = (model.saved_meta or {}).get(tid)
+    if meta is None:
+        raise NoPredictor(f"{path} carries no prediction metadata for task {tid!r} (export_meta); "
+                          "it was not written by `foundation train`")
     try:
         dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError as e:
@@ -187,18 +190,6 @@ def _has_predictor(task: Any) -> bool:
     from foundation.engine.task import Task
 
     return type(task).predictor is not Task.predictor
-
-
-def _meta_from_data(task: Any, path: Path) -> Mapping[str, Any]:
-    """A model file written before files carried prediction metadata: ask the task, which
-    reads its training data (still where the config says, or an error naming it)."""
-    from foundation.config import ConfigError
-
-    try:
-        return task.export_meta()
-    except (ConfigError, OSError) as e:
-        raise NoPredictor(f"{path} carries no prediction metadata (written by an older version) and the training "
-                          f"data it would come from cannot be read: {e}") from None
 
 
 # --------------------------------------------------------------------------- command line

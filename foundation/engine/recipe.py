@@ -1,8 +1,8 @@
-"""What a task declares about its tiny recipe for the studies (``tasks/<task>/recipe.py``).
+"""What a task declares about its tiny recipe for the studies (``foundation_tasks/<task>/recipe.py``).
 
 A task that wants to take part in ``foundation demo``, ``foundation compare pretraining`` or
 ``foundation compare stability`` puts ``RECIPE = Recipe(...)`` in its own ``recipe.py``, next to its configs; the studies find
-it by name (``tasks.<task>.recipe``), so no table elsewhere lists the tasks. Plain data: the
+it by name (``foundation_tasks.<task>.recipe``), so no table elsewhere lists the tasks. Plain data: the
 engine itself never reads it.
 """
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Recipe:
-    task: str  # the task package, tasks/<task>
-    config: str  # its tiny config, with {norm} for the backbone rule
+    task: str  # the task package, foundation_tasks/<task>
+    config: str  # its tiny config (each run sets backbone.norm)
     metric: str  # eval metric shown in the studies' tables (without "eval/<task id>/")
     scale: float  # shown as metric x scale: 100 for fractions, 1 for values already in % or losses
     modality: str = ""  # the single-modality pretraining run it fine-tunes from (vision, vl, speech); "" = none

@@ -1,8 +1,8 @@
-"""The task contract: what a folder in ``tasks/`` gives the engine, and how it is found.
+"""The task contract: what a folder in ``foundation_tasks/`` gives the engine, and how it is found.
 
 A task is a class derived from ``Task``, registered with ``@register_task("name")`` in
-the package ``tasks.<name>``. The engine never imports a task statically: the config
-names it (``tasks: [{name: seq2seq, ...}]``) and ``get_task`` imports ``tasks.<name>``,
+the package ``foundation_tasks.<name>``. The engine never imports a task statically: the config
+names it (``tasks: [{name: seq2seq, ...}]``) and ``get_task`` imports ``foundation_tasks.<name>``,
 whose import runs the decorator. A new task is a new folder plus a config.
 
 What a task provides::
@@ -60,6 +60,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib
+import importlib.util
 import pkgutil
 from typing import Any, Callable, ClassVar, Mapping, Optional
 
@@ -70,7 +71,7 @@ from torch.utils.data import Dataset, default_collate
 from foundation.config import BackboneConfig, ConfigError
 
 TASKS: dict[str, type["Task"]] = {}
-TASKS_PACKAGE = "tasks"
+TASKS_PACKAGE = "foundation_tasks"
 
 
 class Task(abc.ABC):
@@ -180,8 +181,22 @@ def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
     return deco
 
 
+class MissingExtra(ConfigError):
+    """A task's third-party packages are not installed; the message names the install extra."""
+
+
+def require_extra(extra: str, *modules: str) -> None:
+    """First line of a task package whose code needs an optional install extra: fail at
+    start, with the pip command, instead of at the first batch that reaches a lazy import.
+    ``find_spec`` only looks the modules up; nothing is imported."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MissingExtra(f"needs {', '.join(missing)} (the {extra!r} extra): "
+                           f"pip install 'foundation-suite[{extra}]'")
+
+
 def known_tasks() -> list[str]:
-    """Registered tasks plus the folders of the ``tasks`` package (not imported)."""
+    """Registered tasks plus the folders of the ``foundation_tasks`` package (not imported)."""
     names = set(TASKS)
     try:
         pkg = importlib.import_module(TASKS_PACKAGE)
@@ -193,13 +208,15 @@ def known_tasks() -> list[str]:
 
 
 def get_task(name: str) -> type[Task]:
-    """The Task class called ``name``, importing ``tasks.<name>`` on first use."""
+    """The Task class called ``name``, importing ``foundation_tasks.<name>`` on first use."""
     if name not in TASKS:
         if not name.isidentifier():
             raise ConfigError(f"unknown task {name!r}; known tasks: {', '.join(known_tasks()) or 'none'}")
         module = f"{TASKS_PACKAGE}.{name}"
         try:
             importlib.import_module(module)
+        except MissingExtra as e:
+            raise MissingExtra(f"task {name!r} {e}") from None
         except ModuleNotFoundError as e:
             if e.name not in (TASKS_PACKAGE, module):
                 raise  # the task exists but one of its own imports is missing: show that

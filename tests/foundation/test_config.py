@@ -105,18 +105,3 @@ def test_one_yaml_reader_for_every_config(tmp_path):
     assert [dict(t) for t in raw.tasks] == [{"name": "seq2seq", "problem": "sort"}]
     with pytest.raises(ConfigError, match="no task 'vqa' in the config"):
         read_yaml(tmp_path / "t.yaml", ["tasks.vqa.x=1"])
-
-
-def test_post_norm_files_saved_with_final_norm_true_still_load(tmp_path):
-    """Before final_norm became optional every post-norm file stored final_norm: true (never applied)."""
-    from foundation import checkpoint
-    from foundation.engine.model import ModelConfig
-    from foundation.transformer import Backbone
-
-    old = {**BASE, "norm": "deepnorm", "final_norm": True}
-    assert not BackboneConfig.from_dict(old).has_final_norm
-    assert not ModelConfig.from_dict({"backbone": old, "tasks": [{"name": "seq2seq"}]}).backbone.has_final_norm
-    with pytest.raises(ConfigError, match="field 'final_norm'"):  # a user's config asking for it is still an error
-        BackboneConfig(**old)
-    path = checkpoint.save(Backbone(BackboneConfig(**BASE, norm="postln")), tmp_path / "b.safetensors")
-    assert checkpoint.load(path).config.norm == "postln"

@@ -171,14 +171,14 @@ def test_classification_run_exports_to_timm(tmp_path, capsys, one_thread):
     from foundation.cli import main as cli
     from foundation.engine.config import resolve
     from foundation.engine.loop import train
-    from tasks.classification import demo
+    from foundation_tasks.classification import demo
 
     data = tmp_path / "data"
     demo.write_dataset(data, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
     cfg = {"run_name": "ft", "output_dir": str(tmp_path), "backbone": {"dim": 32, "depth": 2, "heads": 2},
            "tasks": [{"name": "classification", "data_dir": str(data), "num_classes": 3, "img_size": 16,
                       "patch_size": 4, "mixup": 0, "cutmix": 0}],
-           "train": {"steps": 2, "batch_size": 4}, "log": {"progress": False, "tensorboard": False}}
+           "train": {"steps": 2, "batch_size": 4}, "log": {"progress": False, "writers": ["jsonl"]}}
     run = train(*resolve(OmegaConf.create(cfg)))
     assert run.status == "finished"
     # a run's file is not a timm file: the error says what to do

@@ -19,7 +19,7 @@ def toy_recipe(steps: int = 6, tasks: list | None = None, eval_every: int = 3, *
         "train": {"steps": steps, "batch_size": 8, **train},
         "eval": {"every": eval_every, "batch_size": 16},
         "save": {"every": 0, "keep": 1},
-        "log": {"progress": False, "tensorboard": False},
+        "log": {"progress": False, "writers": ["jsonl"]},
     }
 
 
@@ -55,7 +55,7 @@ def nan_losses(monkeypatch):
     """``nan_losses(norm, from_call)``: training losses of seq2seq models whose
     ``backbone.config.norm == norm`` are NaN from their ``from_call``-th training forward on
     (evaluation does not call forward); in-process runs only."""
-    from tasks.seq2seq.model import Seq2SeqHead
+    from foundation_tasks.seq2seq.model import Seq2SeqHead
 
     real = Seq2SeqHead.forward
 

@@ -119,12 +119,12 @@ def test_cli_errors(capsys):
 
 
 def test_the_tasks_come_from_their_recipes():
-    """Every task whose tasks/<task>/recipe.py names a pretraining modality is a fine-tuning
+    """Every task whose foundation_tasks/<task>/recipe.py names a pretraining modality is a fine-tuning
     task: the longest modality's first, each with its tiny config and metric scale."""
     assert [(r.task, r.modality, r.config, r.scale) for r in cp.finetunes()] == [
-        ("asr", "speech", "configs/asr/tiny_{norm}.yaml", 1),
-        ("vqa", "vl", "configs/vl/tiny_vqa_{norm}.yaml", 100),
-        ("nlvr2", "vl", "configs/vl/tiny_nlvr2_{norm}.yaml", 100),
-        ("classification", "vision", "configs/vision/tiny_finetune_{norm}.yaml", 100),
-        ("segmentation", "vision", "configs/segmentation/tiny_{norm}.yaml", 1)]
+        ("asr", "speech", "configs/asr/tiny.yaml", 1),
+        ("vqa", "vl", "configs/vl/tiny_vqa.yaml", 100),
+        ("nlvr2", "vl", "configs/vl/tiny_nlvr2.yaml", 100),
+        ("classification", "vision", "configs/vision/tiny_finetune.yaml", 100),
+        ("segmentation", "vision", "configs/segmentation/tiny.yaml", 1)]
     assert all(r.modality in cp.PRETRAIN_RUNS for r in cp.finetunes())

@@ -56,24 +56,24 @@ def test_demo_shows_the_vqa_answer_prior_from_the_data(tmp_path):
 
 
 def test_stages_are_the_tasks_recipes_in_the_demo_order():
-    """The demo's stages come from tasks/<task>/recipe.py: the same order, configs, data, steps,
+    """The demo's stages come from foundation_tasks/<task>/recipe.py: the same order, configs, data, steps,
     metrics and timings as the table they replace."""
     from pathlib import Path
 
     got = [(s.stage_name, s.config.format(norm="magneto"), s.data, s.steps, s.metric, s.scale, s.overrides,
             s.minutes) for s in demo.stages()]
     assert got == [
-        ("vision", "configs/vision/tiny_finetune_magneto.yaml", "vision", 750, "top1", 100, ("init_from=null",), 2.0),
-        ("segmentation", "configs/segmentation/tiny_magneto.yaml", "segmentation", 400, "mIoU", 1, (), 2),
-        ("asr", "configs/asr/tiny_magneto.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
-        ("vqa", "configs/vl/tiny_vqa_magneto.yaml", "vl", 1500, "vqa_accuracy", 100, (), 3.0),
-        ("nlvr2", "configs/vl/tiny_nlvr2_magneto.yaml", "vl", 400, "accuracy", 100, (), 1.0),
+        ("vision", "configs/vision/tiny_finetune.yaml", "vision", 750, "top1", 100, ("init_from=null",), 2.0),
+        ("segmentation", "configs/segmentation/tiny.yaml", "segmentation", 400, "mIoU", 1, (), 2),
+        ("asr", "configs/asr/tiny.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
+        ("vqa", "configs/vl/tiny_vqa.yaml", "vl", 1500, "vqa_accuracy", 100, (), 3.0),
+        ("nlvr2", "configs/vl/tiny_nlvr2.yaml", "vl", 400, "accuracy", 100, (), 1.0),
     ]
     assert [demo.data_overrides(s, Path("data"))[0] for s in demo.stages()] == [
         "tasks.classification.data_dir=data/vision-demo", "tasks.segmentation.data_root=data/ade-demo",
         "tasks.asr.data_dir=data/speech-demo", "tasks.vqa.data_dir=data/vl/vqa", "tasks.nlvr2.data_dir=data/vl/nlvr2"]
     assert [s.baseline or s.prior for s in demo.stages()] == [
-        "chance 10.0", "one class everywhere <= 12.5", "nothing recognised 100", "tasks.vqa.prior", "chance 50.0"]
+        "chance 10.0", "one class everywhere <= 12.5", "nothing recognised 100", "foundation_tasks.vqa.prior", "chance 50.0"]
 
 
 def test_nlvr2_stage_starts_from_the_vqa_runs(tmp_path, capsys):

@@ -8,7 +8,7 @@ _base_ = [
     'mmseg::_base_/models/upernet_beit.py', 'mmseg::_base_/datasets/ade20k_640x640.py',
     'mmseg::_base_/default_runtime.py'
 ]
-custom_imports = dict(imports=['tasks.segmentation.mmseg_backbone'], allow_failed_imports=False)
+custom_imports = dict(imports=['foundation_tasks.segmentation.mmseg_backbone'], allow_failed_imports=False)
 
 data_root = 'data/ade-demo'
 num_classes = 8  # the demo uses the first 8 ADE20k classes

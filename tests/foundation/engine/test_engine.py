@@ -26,7 +26,7 @@ from foundation.engine.loop import train
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.optim import build_optimizer, build_scheduler, layer_ids, lr_factor, param_groups
 from support import read_records as records, run_config as run
-from tasks.seq2seq.model import Seq2SeqHead
+from foundation_tasks.seq2seq.model import Seq2SeqHead
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -47,7 +47,7 @@ def tiny_config(tmp_path: Path, **sections) -> dict:
         "train": {"steps": 8, "batch_size": 8},
         "eval": {"every": 0, "batch_size": 16},
         "save": {"every": 0, "keep": 2},
-        "log": {"progress": False, "tensorboard": False},
+        "log": {"progress": False, "writers": ["jsonl"]},
     }
     for k, v in sections.items():
         cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
@@ -325,7 +325,7 @@ def test_unknown_task_lists_known_ones(tmp_path):
 
 
 def test_data_dir_in_fairseq_layout(tmp_path):
-    from tasks.seq2seq.data import main as write_data
+    from foundation_tasks.seq2seq.data import main as write_data
 
     write_data([str(tmp_path / "data"), "--train-size", "64", "--valid-size", "16", "--vocab-size", "8",
                 "--min-len", "3", "--max-len", "6"])
@@ -399,7 +399,7 @@ def test_init_from_loads_backbone(tmp_path, capsys):
 def test_train_eval_plot_commands(tmp_path, capsys):
     path = tmp_path / "tiny.yaml"
     path.write_text(OmegaConf.to_yaml(OmegaConf.create(tiny_config(
-        tmp_path, train={"steps": 6}, eval={"every": 3}, save={"every": 3}, log={"tensorboard": True}))))
+        tmp_path, train={"steps": 6}, eval={"every": 3}, save={"every": 3}, log={"writers": ["jsonl", "tensorboard", "csv"]}))))
     assert cli.train_main([str(path)]) == 0
     out = capsys.readouterr().out
     assert "finished at step 6" in out and "seq2seq/exact_match" in out

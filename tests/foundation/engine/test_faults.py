@@ -314,7 +314,7 @@ def test_an_internal_error_keeps_its_traceback_in_the_run(tmp_path, monkeypatch,
 
 def test_a_data_error_mid_run_is_one_line_with_a_status(tmp_path, capsys):
     """A truncated JPEG met while training the classifier: exit 3, the file named, status.json."""
-    from tasks.classification import demo
+    from foundation_tasks.classification import demo
 
     root = tmp_path / "images"
     demo.write_dataset(root, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
@@ -383,19 +383,19 @@ def _write(tmp_path: Path, mode: str) -> tuple[Path, tuple[int, int, int]]:
 
 
 def _read_classification(path):
-    from tasks.vision_common.images import load_image
+    from foundation_tasks.vision_common.images import load_image
 
     return np.asarray(load_image(path))
 
 
 def _read_vl(path):
-    from tasks.vl_common.images import load_image
+    from foundation_tasks.vl_common.images import load_image
 
     return np.asarray(load_image(path, "question 1 in q.json"))
 
 
 def _read_segmentation(path):
-    from tasks.segmentation.transforms import LoadCheckedImageFromFile
+    from foundation_tasks.segmentation.transforms import LoadCheckedImageFromFile
 
     return LoadCheckedImageFromFile()({"img_path": str(path)})["img"][..., ::-1]  # mmseg's BGR -> RGB
 
@@ -414,7 +414,7 @@ def test_every_image_mode_reads_as_its_colours(tmp_path, mode, read):
 def test_modes_made_in_memory_convert_too(mode):
     """Modes PIL produces from other files (32-bit integer TIFFs, big-endian 16-bit, palette
     with alpha): the same rules."""
-    from tasks.vision_common.images import to_rgb
+    from foundation_tasks.vision_common.images import to_rgb
 
     if mode == "PA":
         image = Image.new("PA", (2, 2), (1, 0))
@@ -430,7 +430,7 @@ def test_modes_made_in_memory_convert_too(mode):
 
 
 def test_verify_converts_as_training_does_and_counts_the_modes(tmp_path, capsys):
-    from tasks.vision_common import folder as data
+    from foundation_tasks.vision_common import folder as data
 
     for split in ("train", "val"):
         (tmp_path / split / "cat").mkdir(parents=True)
@@ -446,7 +446,7 @@ def test_verify_converts_as_training_does_and_counts_the_modes(tmp_path, capsys)
 
 @pytest.fixture
 def ade(tmp_path) -> Path:
-    from tasks.segmentation import demo
+    from foundation_tasks.segmentation import demo
 
     root = tmp_path / "ade"
     demo.write(root, seed=0, n_train=2, n_val=1, height=40, width=56)
@@ -454,7 +454,7 @@ def ade(tmp_path) -> Path:
 
 
 def _seg_item(root: Path):
-    from tasks.segmentation.data import SegDataset, ade20k, train_pipeline
+    from foundation_tasks.segmentation.data import SegDataset, ade20k, train_pipeline
 
     dataset = SegDataset(ade20k(root, "train", train_pipeline(32, 8), num_classes=8), "train")
     return [dataset[i] for i in range(len(dataset))]
@@ -462,8 +462,8 @@ def _seg_item(root: Path):
 
 @pytest.mark.parametrize("which", ["image", "annotation"])
 def test_a_truncated_segmentation_file_is_named(ade, which):
-    from tasks.segmentation.transforms import AnnotationError
-    from tasks.vision_common.images import ImageDataError
+    from foundation_tasks.segmentation.transforms import AnnotationError
+    from foundation_tasks.vision_common.images import ImageDataError
 
     folder, pattern = {"image": ("images", "*.jpg"), "annotation": ("annotations", "*.png")}[which]
     bad = sorted((ade / folder / "training").glob(pattern))[0]
@@ -473,7 +473,7 @@ def test_a_truncated_segmentation_file_is_named(ade, which):
 
 
 def test_an_absurdly_shaped_segmentation_image_is_named(ade):
-    from tasks.segmentation.data import SegDataError
+    from foundation_tasks.segmentation.data import SegDataError
 
     image = sorted((ade / "images" / "training").glob("*.jpg"))[0]
     Image.new("RGB", (7, 5000), (9, 9, 9)).save(image)
@@ -486,7 +486,7 @@ def test_an_absurdly_shaped_segmentation_image_is_named(ade):
 
 
 def test_a_transcript_line_with_only_an_utterance_id_is_refused(tmp_path):
-    from tasks.speech_common.corpus import SpeechDataError, read_kaldi_dir, read_librispeech
+    from foundation_tasks.speech_common.corpus import SpeechDataError, read_kaldi_dir, read_librispeech
 
     chapter = tmp_path / "libri" / "19" / "198"
     chapter.mkdir(parents=True)
@@ -516,7 +516,7 @@ def test_a_yaml_file_that_is_not_a_mapping_is_named(tmp_path, content, kind, cap
 
 def test_a_compiled_mmcv_op_is_an_import_error_for_user_code():
     """User code with a fallback for a missing compiled op takes it, while mmseg imports."""
-    from tasks.segmentation import mmseg_compat
+    from foundation_tasks.segmentation import mmseg_compat
 
     mmseg_compat.import_mmseg()
     import mmseg.models  # noqa: F401 - still imports on mmcv-lite

@@ -151,18 +151,6 @@ def test_shared_modules_registry():
         shared.get_or_create("proj", {"dim": 3}, make, owner="c")
 
 
-@pytest.mark.parametrize("task, field", [(classification(), "init_embed_from"),
-                                         ({"name": "asr", "batch_size": 1}, "init_embed_from"),
-                                         ({"name": "vqa", "answers": ["yes"]}, "pretrained"),
-                                         ({"name": "segmentation"}, "pretrained")])
-def test_the_old_fields_name_init_from(task, field):
-    with pytest.raises(ConfigError, match=f"field '{field}' was removed: use init_from"):
-        resolve({"backbone": PLAIN, "tasks": [{**task, field: "x.safetensors"}]}, check_data=False)
-    # a model file written before keeps loading: its weights are in the file
-    cfg = ModelConfig.from_dict({"backbone": PLAIN, "tasks": [{**classification(), field: None}]})
-    assert field not in cfg.tasks[0]
-
-
 def test_heads_that_disagree_on_a_tensor_are_skipped_saying_so(tmp_path):
     model = build(PLAIN, [classification()])
     before = model.heads["classification"].cls_token.detach().clone()

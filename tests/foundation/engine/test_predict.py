@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
 # every run: the shipped tiny config of its task, shrunk to a couple of steps of a tiny model
 TINY = ["backbone.dim=16", "backbone.depth=1", "backbone.heads=2", "backbone.ffn_dim=32", "train.steps=2",
         "eval.every=0", "eval.max_batches=1", "eval.batch_size=4", "save.every=0", "log.progress=false",
-        "log.tensorboard=false", "device=cpu", "schedule.warmup_steps=1"]
+        "log.writers=[jsonl]", "device=cpu", "schedule.warmup_steps=1"]
 
 
 def trained_copy(tmp: Path, data: Path, config: str, *overrides: str) -> Path:
@@ -73,13 +73,13 @@ def picture(path: Path, size: tuple[int, int] = (40, 30), seed: int = 0) -> Path
 
 @pytest.fixture(scope="module")
 def classifier(tmp_path_factory) -> Path:
-    from tasks.classification.demo import write_dataset
+    from foundation_tasks.classification.demo import write_dataset
 
     tmp = tmp_path_factory.mktemp("cls")
     data = tmp / "data"
     write_dataset(data, seed=0, size=16, train_per_class=4, val_per_class=2, num_classes=3)
     classes = sorted(p.name for p in (data / "train").iterdir())
-    copy = trained_copy(tmp, data, "vision/tiny_finetune_magneto.yaml", "init_from=null", "train.batch_size=4",
+    copy = trained_copy(tmp, data, "vision/tiny_finetune.yaml", "init_from=null", "train.batch_size=4",
                         f"tasks.classification.data_dir={data}", "tasks.classification.num_classes=3",
                         "tasks.classification.img_size=16")
     assert checkpoint.read_meta(copy / "model.safetensors")["classification"]["classes"] == classes
@@ -159,12 +159,12 @@ def test_model_files_without_a_predictor_are_refused(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def segmenter(tmp_path_factory) -> Path:
-    from tasks.segmentation import demo
+    from foundation_tasks.segmentation import demo
 
     tmp = tmp_path_factory.mktemp("seg")
     data = tmp / "ade"
     demo.write(data, seed=0, n_train=4, n_val=1, height=24, width=32)
-    return trained_copy(tmp, data, "segmentation/tiny_magneto.yaml", "train.batch_size=2",
+    return trained_copy(tmp, data, "segmentation/tiny.yaml", "train.batch_size=2",
                         f"tasks.segmentation.data_root={data}", "tasks.segmentation.img_size=16",
                         "tasks.segmentation.out_indices=[0,0,0,0]", "tasks.segmentation.channels=8",
                         "tasks.segmentation.aux_channels=4", "tasks.segmentation.test_stride=8")
@@ -179,7 +179,7 @@ def test_segmentation_writes_mask_and_overlay(segmenter, tmp_path):
     assert mask.mode == "P" and mask.size == (37, 26)
     values = np.asarray(mask)
     assert values.min() >= 1 and values.max() <= 8  # ADE20k ids of the 8 demo classes
-    from tasks.segmentation.data import ADE_PALETTE
+    from foundation_tasks.segmentation.data import ADE_PALETTE
 
     assert mask.getpalette()[3:6] == list(ADE_PALETTE[0])  # id 1 (wall) in wall's colour
     assert np.asarray(Image.open(record["overlay"])).shape == (26, 37, 3)
@@ -202,13 +202,13 @@ def test_segmentation_writes_mask_and_overlay(segmenter, tmp_path):
 
 @pytest.fixture(scope="module")
 def recognizer(tmp_path_factory) -> Path:
-    from tasks.asr.demo import VOICES, make_corpus
+    from foundation_tasks.asr.demo import VOICES, make_corpus
 
     tmp = tmp_path_factory.mktemp("asr")
     data = tmp / "speech"
     make_corpus(data, seed=3, utts_per_voice={"train": 2, "dev": 1, "test": 1}, n_dev_voices=1, n_test_voices=1,
                 voices=VOICES[:3], sentences=["GO LEFT", "STOP NOW", "OPEN THE DOOR"])
-    return trained_copy(tmp, data, "asr/tiny_magneto.yaml", f"tasks.asr.data_dir={data}", "tasks.asr.vocab_size=12",
+    return trained_copy(tmp, data, "asr/tiny.yaml", f"tasks.asr.data_dir={data}", "tasks.asr.vocab_size=12",
                         "tasks.asr.eval_splits=[dev]", "tasks.asr.vgg_channels=[4,8]",
                         "tasks.asr.predictor_embed_dim=16", "tasks.asr.predictor_dim=16", "tasks.asr.joint_dim=16",
                         "tasks.asr.aux_layers=[0]", "tasks.asr.aux_mlp_dim=16", f"tasks.asr.hyp_dir={tmp / 'hyp'}")
@@ -257,7 +257,7 @@ def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
 
 
 def test_long_audio_is_read_in_bounded_pieces(tmp_path):
-    from tasks.asr.predict import audio_pieces
+    from foundation_tasks.asr.predict import audio_pieces
 
     rate = 8000
     audio = np.random.default_rng(0).normal(0, 0.1, 5 * rate).astype(np.float32)
@@ -271,7 +271,7 @@ def test_long_audio_is_read_in_bounded_pieces(tmp_path):
 
 
 def test_quietest_cut_lands_in_the_pause():
-    from tasks.asr.predict import quietest_cut
+    from foundation_tasks.asr.predict import quietest_cut
 
     rate = 1000
     audio = np.ones(1000, np.float32)
@@ -284,7 +284,7 @@ def test_quietest_cut_lands_in_the_pause():
 
 @pytest.fixture(scope="module")
 def vl_runs(tmp_path_factory) -> dict[str, Path]:
-    from tasks.vqa.demo import write_dataset
+    from foundation_tasks.vl_common.demo import write_dataset
 
     tmp = tmp_path_factory.mktemp("vl")
     data = tmp / "vl"
@@ -292,12 +292,12 @@ def vl_runs(tmp_path_factory) -> dict[str, Path]:
                   nlvr2_dev=2, text_lines=20)
     front = ["img_size=32", "patch_size=8", "max_text_len=16", "text_positions=16"]
     # TINY has one block: the recipe's object labels after block 2 move to block 1
-    vqa = trained_copy(tmp, data / "vqa", "vl/tiny_vqa_magneto.yaml", "train.batch_size=4", "tasks.vqa.object_loss_block=1",
+    vqa = trained_copy(tmp, data / "vqa", "vl/tiny_vqa.yaml", "train.batch_size=4", "tasks.vqa.object_loss_block=1",
                        f"tasks.vqa.data_dir={data / 'vqa'}", *(f"tasks.vqa.{f}" for f in front))
     # NLVR2 with a sentencepiece tokenizer (BEiT-3's kind) that lives in the data folder: the
     # model file must carry it
     spm_model, pieces = sentencepiece_model(data / "nlvr2")
-    nlvr2 = trained_copy(tmp, data / "nlvr2", "vl/tiny_nlvr2_magneto.yaml", "train.batch_size=4",
+    nlvr2 = trained_copy(tmp, data / "nlvr2", "vl/tiny_nlvr2.yaml", "train.batch_size=4",
                          f"tasks.nlvr2.data_dir={data / 'nlvr2'}", *(f"tasks.nlvr2.{f}" for f in front),
                          "tasks.nlvr2.tokenizer=sentencepiece", f"tasks.nlvr2.spm_model={spm_model}",
                          f"tasks.nlvr2.vocab_size={pieces + 2}")
@@ -368,7 +368,7 @@ def test_nlvr2_judges_a_pair(vl_runs, tmp_path):
 def test_checkpoint_load_needs_no_import(classifier):
     """`checkpoint.load` of a run's file in a fresh interpreter that imported nothing else."""
     code = ("from foundation import checkpoint; m = checkpoint.load(r'%s'); "
-            "from tasks.classification.model import to_vit; v = to_vit(m); print(type(m).__name__, type(v).__name__)"
+            "from foundation_tasks.classification.model import to_vit; v = to_vit(m); print(type(m).__name__, type(v).__name__)"
             % (classifier / "model.safetensors"))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
@@ -387,8 +387,8 @@ def test_a_loaded_model_saves_its_metadata_again(classifier, tmp_path):
 def test_vl_breakdown_scores_every_item_once(vl_runs, tmp_path):
     """benchmarks/vl_breakdown.py: every evaluation item lands in one family / kind and one
     naming group, and the VQA groups average to the official accuracy of predict_split."""
-    from tasks.vqa.demo import QUESTION_TEMPLATES, STATEMENTS, write_dataset
-    from tasks.vqa.predict import predict_split
+    from foundation_tasks.vl_common.demo import QUESTION_TEMPLATES, STATEMENTS, write_dataset
+    from foundation_tasks.vqa.predict import predict_split
 
     breakdown = load_benchmark("vl_breakdown")
     data = tmp_path / "vl"
@@ -406,8 +406,8 @@ def test_vl_breakdown_scores_every_item_once(vl_runs, tmp_path):
 
     # --scenes: the val scenes redrawn from the generator's seed are the stored ones (each colour
     # question's majority answer is the colour of an object in its scene), and split every question once
-    from tasks.vqa.data import read_split
-    from tasks.vqa.demo import SceneSpec
+    from foundation_tasks.vqa.data import read_split
+    from foundation_tasks.vl_common.demo import SceneSpec
     scenes = breakdown.redraw_scenes(str(data / "vqa"), 2, SceneSpec())
     assert len(scenes) == 6
     for q in read_split(data / "vqa", data / "vqa", "val2014"):
@@ -432,8 +432,8 @@ def test_vl_shape_probe_labels_and_table(vl_runs, classifier, capsys):
     object's pixels; triangles cover less area), a probe on features that hold the label reads
     it and one on noise does not, the table has the untrained reference above every run, and
     what it cannot probe is refused in one line."""
-    from tasks.mim.linear_probe import probe
-    from tasks.vqa.demo import COLORS, SHAPES
+    from foundation_tasks.mim.linear_probe import probe
+    from foundation_tasks.vl_common.demo import COLORS, SHAPES
 
     shape_probe = load_benchmark("vl_shape_probe")
     images, shapes, colours = shape_probe.one_object_scenes(60, 0, 48, 0.16)

@@ -1,0 +1,9 @@
+"""segmentation's tiny recipe for the studies (foundation demo, foundation compare pretraining)."""
+from foundation.engine.recipe import Recipe
+
+RECIPE = Recipe(
+    task="segmentation", config="configs/segmentation/tiny.yaml", metric="mIoU", scale=1,
+    modality="vision", rank=2,
+    label="segmentation (mIoU %)", data="segmentation", data_override="tasks.segmentation.data_root={root}",
+    steps=400, minutes=2, baseline="one class everywhere <= 12.5", stability_steps=100,
+)

@@ -1,4 +1,0 @@
-"""classification: image classification fine-tuning on ImageNet-layout folders (BEiT recipe)."""
-from tasks.classification.task import Classification, ClassificationConfig
-
-__all__ = ["Classification", "ClassificationConfig"]

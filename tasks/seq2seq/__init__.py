@@ -1,4 +1,0 @@
-"""seq2seq: reverse or sort token sequences with an encoder-decoder backbone."""
-from tasks.seq2seq.task import Seq2Seq, Seq2SeqConfig
-
-__all__ = ["Seq2Seq", "Seq2SeqConfig"]

@@ -1,4 +1,0 @@
-"""vq_tokenizer: BEiT v2's VQ-KD visual tokenizer (codebook ids for MIM pretraining)."""
-from tasks.vq_tokenizer.task import VQTokenizer, VQTokenizerConfig
-
-__all__ = ["VQTokenizer", "VQTokenizerConfig"]

@@ -1,8 +1,0 @@
-"""vqa's tiny recipe for the studies (foundation demo, foundation compare pretraining)."""
-from foundation.engine.recipe import Recipe
-
-RECIPE = Recipe(
-    task="vqa", config="configs/vl/tiny_vqa_{norm}.yaml", metric="vqa_accuracy", scale=100, modality="vl", rank=4,
-    label="VQA (accuracy %)", data="vl", data_override="tasks.vqa.data_dir={root}/vqa", steps=1500, minutes=3.0,
-    prior="tasks.vqa.prior", stability_steps=120,
-)

@@ -1,0 +1,195 @@
+"""Vision data: the demo generator (deterministic, ImageNet layout), the ImageNet-folder
+reader's errors (each names the file or folder), per-item seeded augmentation."""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from foundation.cli import main as cli_main
+from foundation.config import ConfigError
+from foundation.engine.data import seeded
+from foundation_tasks.classification import demo
+from foundation_tasks.vision_common.folder import ImageFolderDataset, check_root, find_classes, scan_split, verify_images
+from foundation_tasks.vision_common.images import DecodedImages, ImageDataError, load_image
+from foundation_tasks.vision_common.transforms import TransformConfig, _posterize, build_transform
+
+
+@pytest.fixture(scope="module")
+def demo_root(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("vision") / "demo"
+    demo.write_dataset(root, seed=3, size=16, train_per_class=3, val_per_class=2, num_classes=3)
+    return root
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_demo_layout_and_determinism(demo_root, tmp_path):
+    classes = list(demo.CLASSES[:3])
+    assert find_classes(demo_root) == sorted(classes)
+    for split, n in (("train", 3), ("val", 2)):
+        for c in classes:
+            files = sorted((demo_root / split / c).glob("*.JPEG"))
+            assert len(files) == n and Image.open(files[0]).size == (16, 16)
+    again = tmp_path / "again"
+    demo.write_dataset(again, seed=3, size=16, train_per_class=3, val_per_class=2, num_classes=3)
+    for f in demo_root.rglob("*.JPEG"):
+        assert f.read_bytes() == (again / f.relative_to(demo_root)).read_bytes()
+    other, _, _ = demo.scene(4, "train", 0, 16, 3)
+    assert not np.array_equal(demo.scene(3, "train", 0, 16, 3)[0], other)
+
+
+def test_demo_scene_mask_and_classes():
+    image, mask, label = demo.scene(0, "val", 7, 32, 10)
+    assert image.shape == (32, 32, 3) and image.dtype == np.uint8 and label == 7
+    assert mask.shape == (32, 32) and 0 <= mask.min() and mask.max() <= 1 and 0.05 < mask.mean() < 0.8
+    masks = [demo.shape_mask(name, 32, 16, 16, 12, 0.3) for name in demo.CLASSES]
+    for i in range(len(masks)):  # every class is a different shape
+        for j in range(i):
+            assert np.abs(masks[i] - masks[j]).mean() > 0.02, (demo.CLASSES[i], demo.CLASSES[j])
+
+
+def test_data_make_vision_cli(tmp_path, capsys):
+    out = tmp_path / "d"
+    assert cli_main(["data", "make", "vision", "--out", str(out), "--size", "16", "--train-per-class", "2",
+                     "--val-per-class", "1", "--classes", "2"]) == 0
+    assert "wrote 4 train + 2 val images" in capsys.readouterr().out
+    assert len(list(out.rglob("*.JPEG"))) == 6
+    assert cli_main(["data", "make", "vision", "--out", str(out)]) == 2  # not empty: refuses
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_reader_reads_the_layout(demo_root):
+    cfg = TransformConfig(img_size=16, crop_pct=1.0)
+    ds = ImageFolderDataset(demo_root, "val", build_transform(cfg, train=False), expected_shape=(3, 16, 16))
+    assert len(ds) == 6 and ds.classes == sorted(demo.CLASSES[:3])
+    x, label = ds[0]
+    assert x.shape == (3, 16, 16) and x.dtype == torch.float32 and label == 0
+    check_root(str(demo_root))
+    with pytest.raises(ConfigError, match="field 'data_dir'.*no such folder"):
+        check_root(str(demo_root / "nope"))
+    with pytest.raises(ConfigError, match="field 'data_dir': set it"):
+        check_root(None)
+
+
+def test_reader_errors_name_the_file(demo_root, tmp_path):
+    root = copy_tree(demo_root, tmp_path / "bad")
+    cls = sorted(demo.CLASSES[:3])[0]
+    files = sorted((root / "train" / cls).glob("*.JPEG"))
+    files[0].write_bytes(b"this is not a JPEG")  # corrupt
+    data = files[1].read_bytes()
+    files[1].write_bytes(data[: len(data) // 3])  # truncated
+    transform = build_transform(TransformConfig(img_size=16, crop_pct=1.0), train=False)
+    ds = ImageFolderDataset(root, "train", transform)
+    with pytest.raises(ImageDataError, match=rf"{files[0]}: not an image file"):
+        ds[0]
+    with pytest.raises(ImageDataError, match=rf"{files[1]}: cannot read the image"):
+        ds[1]
+    n, errors = verify_images(root)
+    assert n == 15 and len(errors) == 2 and all(str(f) in " ".join(errors) for f in files[:2])
+
+
+def test_reader_errors_for_folders_and_sizes(demo_root, tmp_path):
+    root = copy_tree(demo_root, tmp_path / "bad")
+    classes = find_classes(root)
+    empty = root / "val" / classes[1]
+    for f in empty.iterdir():
+        f.unlink()
+    with pytest.raises(ImageDataError, match=rf"{empty}: empty class folder"):
+        scan_split(root, "val", classes)
+    (root / "val" / "zebra").mkdir()
+    Image.new("RGB", (16, 16)).save(root / "val" / "zebra" / "z.JPEG")
+    with pytest.raises(ImageDataError, match=r"class folder\(s\) zebra are not in"):
+        scan_split(root, "val", classes)
+    small = root / "train" / classes[0] / "tiny.png"
+    Image.new("RGB", (3, 2)).save(small)
+    with pytest.raises(ImageDataError, match=rf"{small}: the image is 3x2 pixels, smaller than min_image_size=8"):
+        load_image(small, min_size=8)
+    wrong = ImageFolderDataset(root, "train", lambda im: torch.zeros(3, im.size[1], im.size[0]), classes=classes,
+                               expected_shape=(3, 16, 16))
+    index = [str(p) for p, _ in wrong.samples].index(str(small))
+    with pytest.raises(ImageDataError, match=rf"{small}: the transform gave an image of shape \(3, 2, 3\), "
+                                             r"expected \(3, 16, 16\)"):
+        wrong[index]
+    (root / "train").rename(root / "training")
+    with pytest.raises(ImageDataError, match="train: no such folder; expected the ImageNet layout"):
+        find_classes(root)
+
+
+def test_augmentation_is_per_item_and_leaves_global_rng(demo_root):
+    cfg = TransformConfig(img_size=16, crop_pct=1.0)
+    ds = ImageFolderDataset(demo_root, "train", build_transform(cfg, train=True), random_transform=True)
+    torch.manual_seed(0)
+    a = [ds[i][0] for i in range(3)]
+    torch.manual_seed(0)
+    b = [ds[i][0] for i in range(3)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b))  # a function of (base seed, index)
+    assert not torch.equal(ds[0][0], ds[0][0])  # ... and a new base per draw: new epochs differ
+    random.seed(5)
+    np.random.seed(5)
+    expected = (random.random(), np.random.rand())
+    random.seed(5)
+    np.random.seed(5)
+    with seeded(123):
+        random.random(), np.random.rand(), torch.rand(1)
+    assert (random.random(), np.random.rand()) == expected
+
+
+def test_cache_images_reads_each_file_once_and_changes_no_item(demo_root, monkeypatch):
+    import foundation_tasks.vision_common.folder as folder
+
+    opened = []
+
+    def counting(path, *args, **kwargs):
+        opened.append(Path(path).name)
+        return load_image(path, *args, **kwargs)
+
+    monkeypatch.setattr(folder, "load_image", counting)
+    cfg = TransformConfig(img_size=16, crop_pct=1.0)  # RandAugment, crops, flips, erasing: the recipe's kind
+    plain = ImageFolderDataset(demo_root, "train", build_transform(cfg, train=True), random_transform=True)
+    cached = ImageFolderDataset(demo_root, "train", build_transform(cfg, train=True), random_transform=True,
+                                cache_images=True)
+    for epoch in range(3):
+        torch.manual_seed(epoch)
+        a = [plain[i][0] for i in range(len(plain))]
+        torch.manual_seed(epoch)
+        b = [cached[i][0] for i in range(len(cached))]
+        assert all(torch.equal(x, y) for x, y in zip(a, b))  # the same augmented items, epoch after epoch
+    n = len(plain)
+    assert len(opened) == 3 * n + n  # the plain set opens every file every epoch, the cached one once
+
+
+def test_decoded_images_hand_out_copies():
+    loads = []
+
+    def load():
+        loads.append(1)
+        return Image.new("RGB", (4, 4), (10, 20, 30))
+
+    cache = DecodedImages(enabled=True)
+    first = cache.get("a.jpg", load)
+    first.putpixel((0, 0), (255, 0, 0))  # a transform editing its input in place
+    assert cache.get("a.jpg", load).getpixel((0, 0)) == (10, 20, 30) and len(loads) == 1
+    off = DecodedImages(enabled=False)
+    off.get("a.jpg", load), off.get("a.jpg", load)
+    assert len(loads) == 3  # off: every call reads the file
+
+
+def test_randaugment_survives_new_pillow():
+    """timm's PosterizeIncreasing asks Pillow >= 12 for 0 bits, which it refuses."""
+    im = Image.new("RGB", (8, 8), (200, 100, 50))
+    assert np.asarray(_posterize(im, 0)).max() == 0 and _posterize(im, 8) is im
+    transform = build_transform(TransformConfig(img_size=16, auto_augment="rand-m10-mstd0.5-inc1"), train=True)
+    im = Image.fromarray(demo.scene(0, "train", 0, 16, 3)[0])
+    for s in range(150):
+        with seeded(s):
+            assert transform(im).shape == (3, 16, 16)

@@ -1,0 +1,179 @@
+"""Masked data modeling: masking rates as configured (text 15%, pairs 50%, images 40%
+block-wise), the mixing of batch kinds through the engine, and one shared BEiT-3
+embedding (and MLM / MIM outputs) across the kinds' heads."""
+import collections
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from foundation.config import ConfigError
+from foundation.engine.config import resolve
+from foundation.engine.data import step_plan
+from foundation.engine.model import ModelConfig, MultiTaskModel
+from foundation_tasks.vl_common.images import DataError
+from foundation_tasks.vl_common.text import get_tokenizer
+from foundation_tasks.vl_pretrain.masking import block_masking, mask_text
+
+BACKBONE = {"dim": 16, "depth": 2, "heads": 2, "ffn_dim": 32, "experts": ["vision", "text"]}
+FRONT = {"img_size": 32, "patch_size": 8, "max_text_len": 24, "text_positions": 32}
+
+
+@pytest.mark.parametrize("grid", [(14, 14), (6, 6), (4, 4)])
+def test_block_masking_rate(grid):
+    masking = block_masking(grid, 0.4)
+    rng = np.random.default_rng(0)
+    counts = [int(masking(rng).sum()) for _ in range(300)]
+    target = round(0.4 * grid[0] * grid[1])
+    assert masking.num_masking_patches == target and max(counts) <= target  # never more than asked
+    assert np.mean(counts) >= 0.95 * target  # and almost always exactly that
+    m = masking(rng).reshape(grid)
+    assert m.any(axis=1).sum() < grid[0] or m.any(axis=0).sum() < grid[1]  # blocks, not scattered patches
+
+
+@pytest.mark.parametrize("ratio", [0.15, 0.5])
+def test_text_masking_rate_and_replacement(ratio):
+    rng = np.random.default_rng(1)
+    kinds = collections.Counter()
+    for n in (7, 20, 40):
+        ids = [1000] + list(range(2000, 2000 + n)) + [1001]
+        for _ in range(200):
+            out, masked = mask_text(ids, ratio, rng, mask_id=5, vocab=(10, 3000), special=(1000, 1001))
+            assert sum(masked) == max(1, round(ratio * n)) and not masked[0] and not masked[-1]
+            for i in np.flatnonzero(masked):
+                kinds["mask" if out[i] == 5 else "same" if out[i] == ids[i] else "random"] += 1
+    total = sum(kinds.values())
+    assert kinds["mask"] / total == pytest.approx(0.8, abs=0.03)
+    assert kinds["random"] / total == pytest.approx(0.1, abs=0.03)
+
+
+@pytest.fixture(scope="module")
+def demo(write_vl_demo):
+    return write_vl_demo(seed=1, vqa_train=12, vqa_val=6, questions_per_image=2, nlvr2_train=4, nlvr2_dev=4,
+                         text_lines=60)
+
+
+def pretrain_tasks(demo, weights=(1.0, 1.0, 1.0), **extra):
+    common = {"name": "vl_pretrain", **FRONT, "visual_vocab_size": 32, "visual_code_dim": 8, **extra}
+    return [
+        {**common, "id": "text", "kind": "text", "weight": weights[0], "train_data": str(demo / "text/train.txt"),
+         "eval_data": str(demo / "text/val.txt")},
+        {**common, "id": "image", "kind": "image", "weight": weights[1], "train_data": str(demo / "vqa/train2014"),
+         "eval_data": str(demo / "vqa/val2014")},
+        {**common, "id": "pair", "kind": "pair", "weight": weights[2],
+         "train_data": str(demo / "coco/annotations/captions_train2014.json"), "train_images": str(demo / "vqa/train2014"),
+         "eval_data": str(demo / "coco/annotations/captions_val2014.json"), "eval_images": str(demo / "vqa/val2014")},
+    ]
+
+
+def test_masking_rates_in_the_data_match_the_config(demo):
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": pretrain_tasks(demo)})
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    tok = get_tokenizer()
+    n_patches = (32 // 8) ** 2
+    for tid, text_ratio in (("text", 0.15), ("pair", 0.5), ("image", None)):
+        task = model.tasks[tid]
+        assert task.cfg.text_mask_ratio == text_ratio and task.cfg.image_mask_ratio == 0.4
+        data = task.train_dataset()
+        batch = task.collate([data[i] for i in range(len(data) if tid == "image" else 12)])
+        if text_ratio is not None:
+            pieces = (~batch["text_padding_mask"]).sum(1) - 2
+            assert torch.equal(batch["text_masked"].sum(1), (pieces * text_ratio).round().clamp(min=1).long())
+            assert not batch["text_masked"][:, 0].any()
+            assert (batch["text_ids"][batch["text_masked"]] == tok.mask_id).float().mean() > 0.5
+        if tid != "text":
+            assert batch["vision_mask"].shape[1] == n_patches
+            assert batch["vision_mask"].sum(1).max() <= round(0.4 * n_patches)
+            assert batch["vision_mask"].float().mean() > 0.9 * 0.4
+
+
+def test_kinds_share_one_embedding_and_outputs(demo):
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": pretrain_tasks(demo)})
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    heads = model.heads
+    assert heads["text"].embed is heads["image"].embed is heads["pair"].embed
+    assert heads["text"].mlm is heads["pair"].mlm and heads["image"].mim is heads["pair"].mim
+    assert heads["text"].mim is None and heads["image"].mlm is None
+    names = [n for n, _ in model.named_parameters() if "text_embed" in n]
+    assert names == ["heads.text.embed.text_embed.weight"]  # one parameter, optimised once
+    # another model built from the same config gets its own
+    other = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    assert other.heads["text"].embed is not heads["text"].embed
+    assert other.heads["text"].embed is other.heads["pair"].embed
+    # front ends that differ cannot share: an error naming the field
+    tasks = pretrain_tasks(demo)
+    tasks[1]["img_size"] = 48
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": tasks})
+    with pytest.raises(ConfigError, match="img_size: 48 here, 32 in vl_pretrain"):
+        MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+
+
+def test_mixing_of_batch_kinds_follows_the_config(demo, tmp_path):
+    """The engine draws the kinds as configured: every kind every step (sum) or one kind per
+    step with probability ~ weight (sample); a real run follows the same plan."""
+    ids, weights = ["text", "image", "pair"], [2.0, 1.0, 1.0]
+    drawn = collections.Counter(step_plan("sample", ids, weights, s, seed=0)[0][0] for s in range(4000))
+    for tid, w in zip(ids, weights):
+        assert drawn[tid] / 4000 == pytest.approx(w / sum(weights), abs=0.03)
+    assert all([t for t, _ in step_plan("sum", ids, weights, s, 0)] == ids for s in range(5))
+
+    from foundation.engine.loop import train
+
+    steps = 8
+    raw = {"backbone": BACKBONE, "tasks": pretrain_tasks(demo, weights), "output_dir": str(tmp_path), "run_name": "mix",
+           "train": {"steps": steps, "batch_size": 4, "mix": "sample"}, "eval": {"max_batches": 1},
+           "log": {"progress": False, "writers": ["jsonl"]}, "optim": {"lr": 1e-3}}
+    cfg, specs = resolve(raw)
+    result = train(cfg, specs)
+    assert result.status == "finished"
+    records = [json.loads(l) for l in (tmp_path / "mix/metrics.jsonl").read_text().splitlines()]
+    per_step = {r["step"]: {k[5:] for k in r if k.startswith("loss/")} for r in records if "loss" in r}
+    for s in range(steps):
+        assert per_step[s + 1] == {step_plan("sample", ids, weights, s, cfg.seed)[0][0]}
+    assert {"text/mlm_accuracy", "image/mim_accuracy", "pair/mlm_accuracy", "pair/mim_accuracy"} <= set(result.metrics)
+
+
+def test_vq_tokenizer_is_pluggable(monkeypatch):
+    """visual_tokenizer: vq_tokenizer loads a foundation_tasks/vq_tokenizer run and feeds it
+    ImageNet-normalised images; its grid must be ours."""
+    from foundation.config import build
+    from foundation_tasks.vl_pretrain.task import VLPretrainConfig
+    from foundation_tasks.vl_pretrain.visual_tokenizer import IMAGENET_MEAN, IMAGENET_STD, build_visual_tokenizer
+
+    seen = {}
+
+    class Stub(torch.nn.Module):
+        grid, num_codes = (4, 4), 77
+
+        def forward(self, x):
+            seen["x"] = x
+            return torch.zeros(x.shape[0], 16, dtype=torch.long)
+
+    monkeypatch.setattr("foundation_tasks.vision_common.tokenizer.load_tokenizer", lambda path: Stub())
+    cfg = build(VLPretrainConfig, {"kind": "image", "visual_tokenizer": "vq_tokenizer", "visual_tokenizer_path": "x",
+                                   **FRONT})
+    tok = build_visual_tokenizer(cfg)
+    assert tok.vocab_size == 77 and list(tok.state_dict()) == []  # frozen and not saved with the head
+    pixels = torch.rand(2, 3, 32, 32)
+    ours = (pixels - 0.5) / 0.5  # the VL normalisation (image_mean = image_std = 0.5)
+    tok(ours)
+    expected = (pixels - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    assert torch.allclose(seen["x"], expected, atol=1e-6)
+    with pytest.raises(ConfigError, match="patch grid"):
+        build_visual_tokenizer(build(VLPretrainConfig, {**cfg.__dict__, "img_size": 48}))
+    with pytest.raises(ConfigError, match="visual_tokenizer_path"):
+        build(VLPretrainConfig, {"kind": "pair", "visual_tokenizer": "vq_tokenizer", **FRONT})
+
+
+def test_caption_reader_errors_name_the_record(vl_demo_copy):
+    from foundation_tasks.vl_pretrain.data import read_captions
+
+    data = vl_demo_copy
+    path = data / "coco/annotations/captions_train2014.json"
+    assert len(read_captions(path, data / "vqa/train2014")) == 24
+    doc = json.loads(path.read_text())
+    doc["annotations"][5]["caption"] = None
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=r"annotations\[5\]: expected"):
+        read_captions(path, data / "vqa/train2014")

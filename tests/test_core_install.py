@@ -1,0 +1,68 @@
+"""The core install (``pip install foundation-suite``, no extra) in a fresh virtual environment:
+no mmseg, ESPnet, open_clip, torchaudio, matplotlib or TensorBoard, and still the backbone,
+the engine and the tasks that need nothing more train; a task whose extra is missing stops at
+start with one line naming the extra."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision
+
+REPO = Path(__file__).resolve().parents[1]
+EXTRAS_ONLY = ("mmseg", "mmengine", "espnet2", "open_clip", "torchaudio", "matplotlib", "tensorboard", "sentencepiece")
+
+
+def sh(*cmd, cwd=None, check=True):
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200)
+    if check and p.returncode:
+        raise AssertionError(f"{' '.join(map(str, cmd))} -> {p.returncode}\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def core(tmp_path_factory):
+    root = tmp_path_factory.mktemp("core")
+    venv.create(root / "venv", with_pip=True)
+    py = root / "venv" / "bin" / "python"
+    # torch / torchvision at this environment's versions: the same wheels, from pip's cache
+    sh(py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+       f"torch=={torch.__version__.split('+')[0]}", f"torchvision=={torchvision.__version__.split('+')[0]}", REPO)
+    return root, py
+
+
+def test_core_alone_trains_seq2seq_and_classification(core):
+    root, py = core
+    bin_ = py.parent
+    missing = sh(py, "-c", "import importlib.util as u; print(' '.join(m for m in %r if u.find_spec(m) is None))"
+                 % (EXTRAS_ONLY,)).stdout.split()
+    assert missing == list(EXTRAS_ONLY)  # the core pulled in none of the extras' packages
+    work = root / "work"  # outside the clone: shipped configs by name
+    work.mkdir()
+    common = ["train.steps=3", "eval.max_batches=1", "log.progress=false"]
+    out = sh(bin_ / "foundation", "train", "seq2seq/tiny", *common, cwd=work).stdout
+    assert "finished at step 3" in out
+    sh(bin_ / "foundation", "data", "make", "vision", "--out", "data/vision-demo", "--train-per-class", "4",
+       "--val-per-class", "2", cwd=work)
+    out = sh(bin_ / "foundation", "train", "vision/tiny_finetune", "init_from=null", "backbone.norm=preln",
+             "train.batch_size=8", *common, cwd=work).stdout
+    assert "finished at step 3" in out and (work / "checkpoints" / "vision-ft-tiny-preln" / "best").is_dir()
+    # TensorBoard is in the default writers; without it the run says so once and logs to jsonl
+    p = sh(bin_ / "foundation", "train", "seq2seq/tiny", "run_name=again", *common, cwd=work)
+    assert "tensorboard is not installed" in p.stderr
+
+
+def test_a_task_without_its_extra_stops_with_one_line(core):
+    root, py = core
+    p = sh(py.parent / "foundation", "train", "asr/tiny", cwd=root, check=False)
+    assert p.returncode == 2, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert "task 'asr' needs espnet2" in last and "pip install 'foundation-suite[speech]'" in last, p.stderr
+    assert "Traceback" not in p.stderr
