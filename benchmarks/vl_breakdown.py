@@ -16,7 +16,7 @@ on a scene of 2-3 colours it needs the shape word to find the object.
 The model is any run directory / model file that ``foundation predict`` takes; the answers
 come from the project's own predictors (``foundation_tasks.vqa.predict.predict_split``, the NLVR2
 ``foundation predict`` predictor), VQA scored with the official accuracy. What it showed
-(docs/vision-language.md): the tiny models read colour, not shape.
+(docs/findings.md, Vision-language): the tiny models read colour, not shape.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ initialisation (the first run's config, fresh weights), the reference a trained 
 has to beat. A diagnostic for the image features alone, independent of the question and
 the answer head (``vl_breakdown.py`` scores the answers).
 
-What it showed (docs/vision-language.md): the 1000-step VQA recipe reads colour off its
+What it showed (docs/findings.md, Vision-language): the 1000-step VQA recipe reads colour off its
 features but barely more shape than its initialisation does.
 """
 from __future__ import annotations

@@ -52,7 +52,7 @@ class VLConfig:
     conv_stem: bool = False
     # std of the fine-tuning head's Linear weights (truncated at +-std). BEiT-3's 0.02 suits its
     # 768+-wide heads on a pretrained backbone; a from-scratch dim-64 model trained with such a
-    # near-zero head fits the answer prior and never looks at the image (docs/vision-language.md)
+    # near-zero head fits the answer prior and never looks at the image (docs/findings.md, Vision-language)
     head_init_std: float = 0.02
     # keep every decoded image in memory after its first read (small data sets on CPU, e.g. the
     # demo's: ~5 % of a tiny VQA step); each DataLoader worker keeps its own

@@ -9,7 +9,7 @@ object category (or background, the last class) of every patch token after block
 cross-entropy with the batch's ``object_labels``, weighted ``object_weight``, is added where
 the batch has labels (training). One class per category: predicting the words of the
 category names instead (multi-hot, "red circle" -> red, circle) gave NLVR2 starts 10-15
-points worse on the demo data (docs/vision-language.md)."""
+points worse on the demo data (docs/findings.md, Vision-language)."""
 from __future__ import annotations
 
 import torch

@@ -39,7 +39,7 @@ class VQAConfig(VLConfig):
     # ../coco/annotations/instances_{split}.json). Each patch token after block
     # object_loss_block (1-based) names the category over it or background (cross-entropy,
     # weighted object_loss_weight): the image side learns what the objects are, locally,
-    # where the question's words can find them (docs/vision-language.md, NLVR2).
+    # where the question's words can find them (docs/findings.md, Vision-language, NLVR2).
     object_annotations: Optional[str] = None
     object_categories: List[str] = field(default_factory=list)  # filled from the file; saved with the run
     object_loss_weight: float = 1.0
