@@ -113,12 +113,9 @@ class Runner:
                         f"{cfg.run_dir} holds a run of another configuration ({', '.join(diff[:6])}"
                         f"{' ...' if len(diff) > 6 else ''} differ); pass --overwrite to replace it or --out "
                         "for another report directory")
-        first = task_specs[0]
-        key = cfg.eval.best or f"{first.id}/{first.cls.primary_metric}"
-        higher = first.cls.higher_is_better if key == f"{first.id}/{first.cls.primary_metric}" else True
-        if cfg.eval.best_mode != "auto":
-            higher = cfg.eval.best_mode == "max"
-        return key, higher
+        from foundation.engine.config import best_metric
+
+        return best_metric(cfg, task_specs)
 
     def run(self, specs: Sequence[RunSpec]) -> Optional[list[Outcome]]:
         """Every run's outcome; None, once said, when Ctrl-C ended the comparison."""

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from studies.runs import last_eval, launch, read_records
+from studies.runs import last_eval, launch, read_records, status
 
 NORMS = ("magneto", "preln")
 CONFIGS = Path("configs/vision")
@@ -31,8 +31,8 @@ def run_dir(out: Path, name: str) -> Path:
 
 
 def final_eval(path: Path, key: str) -> float | None:
-    """The last evaluation's ``key`` in a run's metrics.jsonl, if the run finished."""
-    if not (path / "last").is_file():
+    """The last evaluation's ``key`` in a run's metrics.jsonl, if the run finished (its status.json)."""
+    if status(path) != "finished":
         return None
     return last_eval(read_records(path))[1].get(key)
 

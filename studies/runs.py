@@ -110,20 +110,6 @@ def status(run_dir: str | Path) -> Optional[str]:
     return info["status"] if info else None
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out = {}
-        for k, v in d.items():
-            out.update(_flat(v, f"{prefix}{k}."))
-        return out
-    return {prefix[:-1]: d}
-
-
-# settings that do not change a run's result (output_dir/run_name: a report directory may be moved)
-IGNORED_KEYS = ("resume", "overwrite", "checkpoint", "log.", "train.stop_at", "train.num_workers", "device",
-                "output_dir", "run_name")
-
-
 def config_mismatch(run_dir: Path, wanted: dict) -> list[str]:
     """Keys whose value in ``run_dir/config.yaml`` differs from ``wanted`` (a resolved config
     as a dict); settings that do not change the result (logging, resume) are ignored."""
@@ -132,10 +118,10 @@ def config_mismatch(run_dir: Path, wanted: dict) -> list[str]:
     path = run_dir / "config.yaml"
     if not path.is_file():
         return []
-    have = _flat(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
-    want = _flat(wanted)
-    keys = sorted(set(have) | set(want))
-    return [k for k in keys if not k.startswith(IGNORED_KEYS) and have.get(k) != want.get(k)]
+    from foundation.engine.rundir import config_changes
+
+    # the engine's own rule for what a run's result depends on (rundir.FREE may differ)
+    return [k for k, _, _ in config_changes(OmegaConf.to_container(OmegaConf.load(path), resolve=True), wanted)]
 
 
 # ---------------------------------------------------------------------------- launching

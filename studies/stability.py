@@ -32,12 +32,13 @@ from typing import Callable, Optional, Sequence
 
 from foundation.config import ConfigError
 from foundation.engine.recipe import Recipe
+from foundation.scaling import RULES
 from studies import runs
 from studies.compare import OWNED, Runner, check_overrides, common_flags, grid, parse_floats, parse_ints, \
     parse_norms, parse_seeds, rules_from_args
 from studies.verdict import Outcome, Rules
 
-NORMS = ("preln", "magneto", "postln", "deepnorm")
+NORMS = tuple(RULES)  # every rule (foundation.scaling)
 DEPTHS = (24,)  # every task; a recipe's stability_depths adds 48 where the budget allows
 STEPS = 100  # steps of one run unless the recipe says otherwise (the budget: docs/studies.md)
 RUNGS, FACTOR = 5, 3.0  # the ladder: RUNGS peak lrs, each FACTOR x the one before

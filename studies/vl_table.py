@@ -49,13 +49,8 @@ def last_eval(run_dir: Path) -> tuple[int, dict[str, float]] | None:
 
 
 def finished(run_dir: Path) -> bool:
-    config = run_dir / "config.yaml"
-    got = last_eval(run_dir)
-    if got is None or not config.is_file():
-        return False
-    from omegaconf import OmegaConf
-
-    return got[0] >= int(OmegaConf.load(config).train.steps)
+    """The one notion the studies share: the engine's status.json says so."""
+    return run_dirs.status(run_dir) == "finished"
 
 
 @torch.no_grad()

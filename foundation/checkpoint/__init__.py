@@ -37,11 +37,12 @@ from foundation.checkpoint.torchscale import (
     to_torchscale,
     torchscale_args,
     torchscale_config,
+    torchscale_norm_flags,
 )
 
 __all__ = [
     "FORMAT_VERSION", "META_CONFIG", "META_EXTRA", "META_FORMAT", "META_KIND", "META_MODULE", "MODEL_KINDS",
     "CheckpointError", "ModelKind", "load", "load_state_into", "read_config", "read_meta", "register_model_kind",
     "save", "sub_state", "atomic_write", "fsync_path", "TORCHSCALE_OUTSIDE", "from_torchscale", "import_torchscale",
-    "to_torchscale", "torchscale_args", "torchscale_config",
+    "to_torchscale", "torchscale_args", "torchscale_config", "torchscale_norm_flags",
 ]

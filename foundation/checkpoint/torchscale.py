@@ -179,6 +179,13 @@ def from_torchscale(
     return model.train(encoder.training)
 
 
+def torchscale_norm_flags(norm: str) -> dict[str, bool]:
+    """torchscale's three flags for one of our rules (its post-processing reads them together:
+    deepnorm and subln each override normalize_before), from the rule's own description."""
+    rule = RULES[norm]
+    return dict(encoder_normalize_before=rule.pre_norm, subln=rule.sub_ln, deepnorm=norm == "deepnorm")
+
+
 def torchscale_args(cfg: BackboneConfig) -> dict[str, Any]:
     """``EncoderConfig(**torchscale_args(cfg))`` builds the torchscale 0.3.0 encoder that
     ``to_torchscale`` fills; ValueError naming the field for what torchscale cannot express."""
@@ -202,10 +209,8 @@ def torchscale_args(cfg: BackboneConfig) -> dict[str, Any]:
         )
     return dict(
         **{theirs: getattr(cfg, ours) for ours, theirs in _FIELDS},
-        encoder_normalize_before=cfg.rule.pre_norm,
+        **torchscale_norm_flags(cfg.norm),
         normalize_output=cfg.has_final_norm,  # read by torchscale for pre-norm only, as ours
-        subln=cfg.rule.sub_ln,
-        deepnorm=cfg.norm == "deepnorm",
         multiway=bool(cfg.experts),
         rel_pos_buckets=cfg.rel_pos_buckets if cfg.rel_pos == "1d" else 0,
         max_rel_pos=cfg.rel_pos_max_distance if cfg.rel_pos == "1d" else 0,

@@ -244,6 +244,18 @@ def task_specs(entries: Sequence[Mapping[str, Any]], where: str = "config") -> l
     return specs
 
 
+def best_metric(cfg: TrainConfig, specs: Sequence[TaskSpec]) -> tuple[str, bool]:
+    """The metric that picks ``best/`` (``task_id/metric``) and whether higher is better: the
+    one rule the loop and the studies share. ``eval.best_mode: auto`` takes the task's own
+    direction for its primary metric and "higher" for any other metric."""
+    key = cfg.eval.best or f"{specs[0].id}/{specs[0].cls.primary_metric}"
+    tid, _, metric = key.partition("/")
+    cls = next(s.cls for s in specs if s.id == tid)
+    if cfg.eval.best_mode != "auto":
+        return key, cfg.eval.best_mode == "max"
+    return key, cls.higher_is_better if metric == cls.primary_metric else True
+
+
 def shipped_configs_dir() -> Path | None:
     """The configs/ folder shipped with the package (package ``foundation_configs``, mapped
     onto configs/ in pyproject), else the one beside the sources (a clone on PYTHONPATH)."""

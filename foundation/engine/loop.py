@@ -47,7 +47,7 @@ from foundation.checkpoint import CheckpointError
 from foundation.config import ConfigError
 from foundation.engine import distributed
 from foundation.engine.run_state import MODEL_FILE, Checkpointer, rng_state, set_rng_state, write_text_atomic
-from foundation.engine.config import TaskSpec, TrainConfig, resolve
+from foundation.engine.config import TaskSpec, TrainConfig, best_metric, resolve
 from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
 from foundation.engine.distributed import Env
 from foundation.engine.failure import DataError, one_line
@@ -261,12 +261,7 @@ class Trainer:
         distributed.barrier()
 
     def _best_metric(self) -> tuple[str, bool]:
-        spec = self.specs[0]
-        key = self.cfg.eval.best or f"{spec.id}/{spec.cls.primary_metric}"
-        tid, _, metric = key.partition("/")
-        cls = next(s.cls for s in self.specs if s.id == tid)
-        mode = self.cfg.eval.best_mode
-        return key, mode == "max" if mode != "auto" else (cls.higher_is_better if metric == cls.primary_metric else True)
+        return best_metric(self.cfg, self.specs)
 
     # ------------------------------------------------------------------ state
 

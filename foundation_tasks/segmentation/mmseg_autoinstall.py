@@ -40,7 +40,10 @@ class BeforeMmseg:
     def find_spec(self, name, path=None, target=None):
         if name == "mmseg":
             uninstall()
-            load_compat().install()
+            # without the segmentation extra (no mmcv) there is nothing to stand in for: the
+            # lookup goes on and fails or succeeds as it would without this hook
+            if importlib.util.find_spec("mmcv") is not None:
+                load_compat().install()
         return None
 
 

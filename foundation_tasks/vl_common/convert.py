@@ -29,9 +29,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from foundation.checkpoint import CheckpointError, from_torchscale, load_state_into, to_torchscale, torchscale_args
+from foundation.checkpoint import (CheckpointError, from_torchscale, import_torchscale, load_state_into, to_torchscale,
+                                   torchscale_args, torchscale_norm_flags)
 from foundation.config import to_dict
-from foundation.checkpoint import import_torchscale
+from foundation.scaling import NORMS
 from foundation_tasks.vl_common.beit3 import EXPERTS, BEiT3, BEiT3Config, resize_vision_pos
 
 POSITION_OFFSET = 2  # torchscale's (fairseq's) position tables start at row 2
@@ -175,8 +176,7 @@ def released_args(state: Mapping[str, torch.Tensor], heads: int | None = None, n
         normalize_output="beit3.encoder.layer_norm.A.weight" in state, no_output_layer=True,
         img_size=side * patch, patch_size=patch, in_chans=in_chans,
         max_source_positions=need("beit3.encoder.embed_positions.B.weight").shape[0],
-        subln=norm == "magneto", deepnorm=norm == "deepnorm",
-        encoder_normalize_before=norm in ("magneto", "preln"),
+        **torchscale_norm_flags(norm),
     )
 
 
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("source", help="released BEiT-3 checkpoint (.pth or .safetensors)")
     p.add_argument("out", help="output .safetensors")
     p.add_argument("--heads", type=int, help="attention heads (default: 12 for dim 768, 16 for 1024 and 544)")
-    p.add_argument("--norm", choices=("magneto", "preln", "postln", "deepnorm"),
+    p.add_argument("--norm", choices=NORMS,
                    help="residual rule (default: magneto when the weights have Sub-LN)")
     a = p.parse_args(argv)
     try:

@@ -4,7 +4,7 @@ with no table anywhere else naming it."""
 from __future__ import annotations
 
 import shutil
-import textwrap
+import sys
 from pathlib import Path
 
 import pytest
@@ -70,6 +70,11 @@ def throwaway_task(tmp_path):
         yield folder
     finally:
         shutil.rmtree(folder)
+        from foundation.engine.task import TASKS
+
+        TASKS.pop(NAME, None)  # the registry and the module cache forget it, as a new process would
+        for module in [m for m in sys.modules if m.startswith(f"foundation_tasks.{NAME}")]:
+            del sys.modules[module]
 
 
 def test_a_new_task_is_found_everywhere(throwaway_task, tmp_path, capsys):

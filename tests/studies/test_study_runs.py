@@ -41,8 +41,10 @@ def test_mim_study_reads_final_evaluations(tmp_path):
     run_dir = tmp_path / "run"
     write_metrics(run_dir, [{"step": 100, "eval/classification/top1": 0.5}, {"step": 150, "loss": 1.0},
                             {"step": 200, "eval/classification/top1": 0.4}])
-    assert final_eval(run_dir, "classification/top1") is None  # not finished: no checkpoint pointer
+    assert final_eval(run_dir, "classification/top1") is None  # not finished: no status.json
     (run_dir / "last").write_text("ckpt/step_000200\n")
+    assert final_eval(run_dir, "classification/top1") is None  # a checkpoint pointer is not the end of a run
+    (run_dir / "status.json").write_text('{"status": "finished"}')
     assert final_eval(run_dir, "classification/top1") == 0.4  # the final evaluation, not the best
     results = {(n, i): [0.5, 0.25] for n in ("magneto", "preln") for i in ("scratch", "MIM")}
     text = table(results, [0, 1], "x")
@@ -58,4 +60,8 @@ def test_vl_table_reads_the_last_evaluation(tmp_path):
     (run_dir / "config.yaml").write_text("train:\n  steps: 10\n")
     assert last_eval(run_dir) == (5, {"vqa/vqa_accuracy": 0.2}) and not finished(run_dir)
     write_metrics(run_dir, [{"step": 5, "eval/vqa/vqa_accuracy": 0.2}, {"step": 10, "eval/vqa/vqa_accuracy": 0.3}])
-    assert last_eval(run_dir) == (10, {"vqa/vqa_accuracy": 0.3}) and finished(run_dir)
+    assert last_eval(run_dir) == (10, {"vqa/vqa_accuracy": 0.3}) and not finished(run_dir)  # the engine says when
+    (run_dir / "status.json").write_text('{"status": "stopped"}')
+    assert not finished(run_dir)
+    (run_dir / "status.json").write_text('{"status": "finished"}')
+    assert finished(run_dir)
