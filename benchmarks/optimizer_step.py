@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from foundation import checkpoint as ckpt
     from foundation.checkpoint.format import CheckpointError
-    from foundation.engine.cli import resolve_checkpoint
+    from foundation.engine.run_state import model_file
     from foundation.engine.model import MultiTaskModel
 
     models = []
     for name in a.models:  # all read before any output: a bad one is one line, not half a table
         try:
-            model = ckpt.load(resolve_checkpoint(name))
+            model = ckpt.load(model_file(name))
         except (CheckpointError, FileNotFoundError, OSError) as e:
             print(f"optimizer_step: error: {e}", file=sys.stderr)
             return 2

@@ -57,9 +57,9 @@ def image_features(embed, backbone, transform, images: list, batch: int = 250) -
 def untrained_like(path: str, seed: int):
     """The first run's model at initialisation: its config, fresh weights drawn with ``seed``."""
     from foundation import checkpoint
-    from foundation.engine.cli import resolve_checkpoint
+    from foundation.engine.run_state import model_file
 
-    kind, config = checkpoint.read_config(resolve_checkpoint(path))
+    kind, config = checkpoint.read_config(model_file(path))
     torch.manual_seed(seed)
     return checkpoint.MODEL_KINDS[kind].model_cls(config).eval()
 

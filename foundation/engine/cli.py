@@ -83,23 +83,6 @@ def train_main(argv: list[str]) -> int:
     return EXIT_CODES.get(result.status, 0)
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A .safetensors file, a checkpoint directory, or a run directory (best/, else last)."""
-    path = Path(path)
-    if path.is_file():
-        return path
-    for candidate in (path / "model.safetensors", path / "best" / "model.safetensors"):
-        if candidate.is_file():
-            return candidate
-    from foundation.engine.run_state import Checkpointer
-    from foundation.engine.distributed import Env
-
-    latest = Checkpointer(path, 1, Env(0, 1, 0, None, False)).latest()
-    if latest is None:
-        raise FileNotFoundError(f"no model.safetensors in {path} (nor best/ or a checkpoint under ckpt/)")
-    return latest / "model.safetensors"
-
-
 def eval_main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="foundation eval",
                                 description="Evaluate a checkpoint on every task of a config.",
@@ -116,10 +99,11 @@ def eval_main(argv: list[str]) -> int:
     from foundation.engine.config import load_config
     from foundation.engine.loop import evaluate
     from foundation.engine.model import ModelConfig, MultiTaskModel
+    from foundation.engine.run_state import model_file
 
     try:
         cfg, specs = load_config(args.config, args.overrides)
-        path = resolve_checkpoint(cfg.checkpoint or cfg.run_dir)
+        path = model_file(cfg.checkpoint or cfg.run_dir)
         env = distributed.setup(cfg.device)
         try:
             model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))

@@ -153,10 +153,10 @@ def load_predictor(source: str | Path, task: str | None = None, device: str | to
     task id when the model has several with a predictor; ``device`` defaults to CUDA when
     there is one."""
     from foundation import checkpoint
-    from foundation.engine.cli import resolve_checkpoint
+    from foundation.engine.run_state import model_file
     from foundation.engine.model import MultiTaskModel
 
-    path = resolve_checkpoint(source)
+    path = model_file(source)
     model = checkpoint.load(path)
     if not isinstance(model, MultiTaskModel):
         raise NoPredictor(f"{path} holds a {type(model).__name__}, not a model trained by `foundation train` "

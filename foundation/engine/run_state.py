@@ -116,28 +116,52 @@ def step_of(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
+def complete_checkpoints(run_dir: Path) -> list[Path]:
+    """A run's finished checkpoints (``ckpt/step_*`` with weights and state), oldest first."""
+    ckpt_dir = Path(run_dir) / "ckpt"
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.iterdir() if STEP_DIR.match(p.name) and (p / MODEL_FILE).is_file()
+             and (p / STATE_FILE).is_file()]
+    return sorted(found, key=step_of)
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The checkpoint ``last`` names; the newest complete one if the pointer is stale."""
+    pointer = Path(run_dir) / "last"
+    if pointer.is_file():
+        target = Path(run_dir) / pointer.read_text().strip()
+        if (target / MODEL_FILE).is_file() and (target / STATE_FILE).is_file():
+            return target
+    done = complete_checkpoints(run_dir)
+    return done[-1] if done else None
+
+
+def model_file(path: str | Path) -> Path:
+    """The weights a user means by ``path``: a .safetensors file, a checkpoint directory, or a
+    run directory (its best/, else its latest checkpoint)."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    for candidate in (path / MODEL_FILE, path / "best" / MODEL_FILE):
+        if candidate.is_file():
+            return candidate
+    latest = latest_checkpoint(path)
+    if latest is None:
+        raise FileNotFoundError(f"no model.safetensors in {path} (nor best/ or a checkpoint under ckpt/)")
+    return latest / MODEL_FILE
+
+
 class Checkpointer:
     def __init__(self, run_dir: Path, keep: int, env: Env):
         self.run_dir, self.keep, self.env = Path(run_dir), keep, env
         self.ckpt_dir = self.run_dir / "ckpt"
 
     def complete(self) -> list[Path]:
-        """Finished checkpoints, oldest first."""
-        if not self.ckpt_dir.is_dir():
-            return []
-        found = [p for p in self.ckpt_dir.iterdir() if STEP_DIR.match(p.name) and (p / MODEL_FILE).is_file()
-                 and (p / STATE_FILE).is_file()]
-        return sorted(found, key=step_of)
+        return complete_checkpoints(self.run_dir)
 
     def latest(self) -> Path | None:
-        """The checkpoint ``last`` names; the newest complete one if the pointer is stale."""
-        pointer = self.run_dir / "last"
-        if pointer.is_file():
-            target = self.run_dir / pointer.read_text().strip()
-            if (target / MODEL_FILE).is_file() and (target / STATE_FILE).is_file():
-                return target
-        done = self.complete()
-        return done[-1] if done else None
+        return latest_checkpoint(self.run_dir)
 
     def clean(self) -> None:
         """Remove what an interrupted write or prune left behind (rank 0, at start)."""

@@ -21,7 +21,7 @@ from torch import nn
 
 from foundation.embed import VGGSubsampling
 from foundation_tasks.asr.transducer import BLANK, transducer_loss
-from foundation_tasks.speech_common.frontend import GlobalCMVN, padding_mask
+from foundation_tasks.speech_common.cmvn import GlobalCMVN, padding_mask
 
 
 def encode(frontend: VGGSubsampling, backbone: nn.Module, feats: torch.Tensor, lengths: torch.Tensor,

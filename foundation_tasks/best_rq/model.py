@@ -21,7 +21,7 @@ from torch import nn
 
 from foundation.embed import VGGSubsampling
 from foundation_tasks.best_rq.quantizer import RandomProjectionQuantizer
-from foundation_tasks.speech_common.frontend import GlobalCMVN, padding_mask
+from foundation_tasks.speech_common.cmvn import GlobalCMVN, padding_mask
 
 STACK = 4  # input frames per encoder frame (VGGSubsampling: 10 ms -> 40 ms)
 EXPERT = "speech"  # the expert the speech tokens take in a multiway backbone

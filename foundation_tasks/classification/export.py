@@ -28,12 +28,12 @@ def timm_name(cfg) -> str:
 def export_timm(source: str | Path, out: str | Path, head_id: str = "classification") -> tuple[Path, str]:
     """Write ``out`` from a run dir, checkpoint dir or ``.safetensors``; returns (path, timm name)."""
     from foundation import checkpoint
-    from foundation.engine.cli import resolve_checkpoint
+    from foundation.engine.run_state import model_file
     from foundation.engine.model import MultiTaskModel
     from foundation.vit import VisionTransformer
     from foundation_tasks.classification.model import to_vit
 
-    path = resolve_checkpoint(source)
+    path = model_file(source)
     model = checkpoint.load(path)
     if isinstance(model, MultiTaskModel):
         if head_id not in model.tasks:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
+from timm.models.vision_transformer import global_pool_nlc
 from torch import nn
 
 from foundation.embed import ViTFrontEnd
@@ -37,8 +38,8 @@ class ClassificationHead(ViTFrontEnd):
         self.mixup = mixup
 
     def pool(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = hidden[:, 1:].mean(1) if self.global_pool == "avg" else hidden[:, 0]
-        return self.fc_norm(x)
+        # timm's pooling, as foundation.vit.VisionTransformer.pool: to_vit() gives the same logits
+        return self.fc_norm(global_pool_nlc(hidden, pool_type=self.global_pool, num_prefix_tokens=1))
 
     def logits(self, backbone: nn.Module, images: torch.Tensor) -> torch.Tensor:
         return self.head(self.pool(backbone(self.embed(images)[0])))

@@ -30,8 +30,8 @@ class ClassificationPredictor(Predictor):
     def predict(self, items, top_k: int = 5, **_) -> list[dict]:
         logits = self.head.logits(self.backbone, torch.stack(items).to(self.device))
         scores, index = logits.float().softmax(-1).topk(min(top_k, len(self.classes)), dim=-1)
-        return [{"top5": [{"label": self.classes[i], "score": s} for i, s in zip(idx.tolist(), sc.tolist())]}
+        return [{"classes": [{"label": self.classes[i], "score": s} for i, s in zip(idx.tolist(), sc.tolist())]}
                 for idx, sc in zip(index, scores)]
 
     def describe(self, record) -> str:
-        return ", ".join(f"{x['label']} {x['score']:.3f}" for x in record["top5"])
+        return ", ".join(f"{x['label']} {x['score']:.3f}" for x in record["classes"])

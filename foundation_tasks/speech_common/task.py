@@ -20,7 +20,7 @@ from foundation.config import ConfigError
 from foundation.engine.task import Task
 from foundation_tasks.speech_common.corpus import LAYOUTS, SpeechDataError, Utterance, read_split
 from foundation_tasks.speech_common.features import cmvn_stats, fbank, load_audio, save_stats
-from foundation_tasks.speech_common.frontend import GlobalCMVN
+from foundation_tasks.speech_common.cmvn import GlobalCMVN
 
 
 def check_speech_fields(cfg) -> Callable[[str, str], ConfigError]:

@@ -51,12 +51,12 @@ def predict_split(checkpoint: str, split: str, *, task_id: str | None = None, da
                   ) -> tuple[list[tuple[int, str]], dict | None]:
     """([(question_id, answer)], official accuracy or None when the split has no annotations)."""
     from foundation import checkpoint as ckpt
-    from foundation.engine.cli import resolve_checkpoint
+    from foundation.engine.run_state import model_file
     from foundation.engine.model import MultiTaskModel
     from foundation_tasks.vqa.data import ANNOTATIONS, VQADataset, read_json, read_split
     from foundation_tasks.vqa.metrics import evaluate_results
 
-    path = resolve_checkpoint(checkpoint)
+    path = model_file(checkpoint)
     model = ckpt.load(path).eval()
     if not isinstance(model, MultiTaskModel):
         raise CheckpointError(f"{path}: not a training run's model (a MultiTaskModel with a vqa task)")

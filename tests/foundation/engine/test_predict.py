@@ -96,19 +96,19 @@ def test_classification_cli_and_python(classifier, tmp_path):
     assert [r["input"] for r in records] == [str(a), str(folder / "c.png")]
     classes = checkpoint.read_meta(classifier / "model.safetensors")["classification"]["classes"]
     for r in records:
-        assert len(r["top5"]) == 2 and {x["label"] for x in r["top5"]} <= set(classes)
-        assert r["top5"][0]["score"] >= r["top5"][1]["score"]
-    assert records[0]["top5"] == records[1]["top5"]  # the same picture
+        assert len(r["classes"]) == 2 and {x["label"] for x in r["classes"]} <= set(classes)
+        assert r["classes"][0]["score"] >= r["classes"][1]["score"]
+    assert records[0]["classes"] == records[1]["classes"]  # the same picture
 
     from foundation import load_predictor
 
     p = load_predictor(classifier / "model.safetensors", device="cpu")
     one = p(str(a))
-    assert one["input"] == str(a) and len(one["top5"]) == 3  # all 3 classes (fewer than 5)
-    assert sum(x["score"] for x in one["top5"]) == pytest.approx(1.0, abs=1e-5)
-    assert [x["label"] for x in one["top5"][:2]] == [x["label"] for x in records[0]["top5"]]
+    assert one["input"] == str(a) and len(one["classes"]) == 3  # all 3 classes (fewer than 5)
+    assert sum(x["score"] for x in one["classes"]) == pytest.approx(1.0, abs=1e-5)
+    assert [x["label"] for x in one["classes"][:2]] == [x["label"] for x in records[0]["classes"]]
     many = p([str(a), str(b)], batch_size=1)
-    assert [r["input"] for r in many] == [str(a), str(b)] and many[0]["top5"] == one["top5"]
+    assert [r["input"] for r in many] == [str(a), str(b)] and many[0]["classes"] == one["classes"]
 
     readable = cli(str(classifier), str(b)).stdout.strip()
     assert readable.startswith(f"{b}: ") and readable.count(",") == 2

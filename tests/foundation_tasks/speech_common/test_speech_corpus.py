@@ -13,7 +13,7 @@ import torch
 from foundation.config import ConfigError
 from foundation_tasks.speech_common.corpus import SpeechDataError, read_audio_kaldi, read_kaldi_dir, read_librispeech
 from foundation_tasks.speech_common.features import audio_frames, cmvn_stats, fbank, load_audio, num_frames
-from foundation_tasks.speech_common.frontend import GlobalCMVN
+from foundation_tasks.speech_common.cmvn import GlobalCMVN
 
 
 def test_librispeech_and_kaldi_readers_agree(speech_corpus, tmp_path):
