@@ -20,7 +20,6 @@ starts each run from that stage's run of the same norm and seed, once it has fin
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
@@ -29,6 +28,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 from foundation.engine.recipe import Recipe
+from studies.verdict import Outcome
 
 NORMS = ("preln", "magneto")
 SLOWEST_FIRST = ("magneto", "preln")  # the order of each stage's runs (run_order)
@@ -52,9 +52,14 @@ def stages() -> list[Recipe]:
     return [r for r in recipes() if r.data and r.steps]
 
 
+def data_dir(stage: Recipe, data: Path) -> Path:
+    """The folder the stage's config reads: in its data set's folder under ``data``."""
+    return Path(stage.data_path.format(root=data / data_dirs()[stage.data]))
+
+
 def data_overrides(stage: Recipe, data: Path) -> list[str]:
-    """Point the config's data fields at ``data`` (the configs read ``data/<set>``)."""
-    return [stage.data_override.format(root=data / data_dirs()[stage.data])]
+    """Point the config's data field at ``data`` (the configs read ``data/<set>``)."""
+    return [f"{stage.data_field}={data_dir(stage, data)}"]
 
 
 def make_data(names: list[str], data: Path, say, jobs: int = 1) -> None:
@@ -100,9 +105,8 @@ def baseline(stage: Recipe, data: Path) -> str:
         return stage.baseline or "-"
     import importlib
 
-    root = data_overrides(stage, data)[0].split("=", 1)[1]
     try:
-        value = importlib.import_module(stage.prior).answer_prior(root)
+        value = importlib.import_module(stage.prior).answer_prior(data_dir(stage, data))
     except (OSError, ValueError) as e:
         return f"answer prior: {e}"
     return f"answer prior {100 * value:.1f}"
@@ -121,25 +125,19 @@ def summary_table(results: dict[str, dict], order: list[Recipe]) -> str:
     return "\n".join(lines)
 
 
-def read_result(stage: Recipe, out: Path, steps: int, seconds: float) -> dict:
-    """The stage's metric per norm from its compare report (results.json)."""
-    path = out / "results.json"
+def stage_row(stage: Recipe, outcomes: dict[str, Outcome], steps: int) -> dict:
+    """The stage's metric per norm, from the outcomes of its runs (compare's ``Runner``)."""
     values: dict[str, str] = {}
-    if path.is_file():
-        runs = json.loads(path.read_text()).get("runs", [])
-        if runs and all(r.get("wall_s") for r in runs):
-            seconds = sum(r["wall_s"] for r in runs)  # training time, also when the runs finished earlier
-        for run in runs:
-            metrics = run.get("metrics") or {}
-            value = next((v for k, v in metrics.items() if k.split("/")[-1] == stage.metric), None)
-            status = run.get("verdict") or run.get("status") or ""
-            if value is None:
-                values[run["norm"]] = status or "-"
-            else:
-                shown = f"{value * stage.scale:.1f}"
-                # short runs rarely "converge" by compare's rule; flag only what went wrong
-                values[run["norm"]] = shown + (f" ({status})" if status in ("diverged", "failed", "incomplete") else "")
-    return {"values": values, "steps": steps, "seconds": seconds, "report": str(out / "report.md")}
+    for norm, o in outcomes.items():
+        value = next((v for k, v in o.metrics.items() if k.split("/")[-1] == stage.metric), None)
+        if value is None:
+            values[norm] = o.verdict or "-"
+        else:
+            # short runs rarely "converge" by compare's rule; flag only what went wrong
+            flag = f" ({o.verdict})" if o.verdict in ("diverged", "failed", "incomplete") else ""
+            values[norm] = f"{value * stage.scale:.1f}{flag}"
+    seconds = sum(o.wall_s or 0.0 for o in outcomes.values())  # training time, also of runs finished earlier
+    return {"values": values, "steps": steps, "seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,11 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     make_data(sorted({s.data for s in chosen}), a.data, say, a.jobs)
 
     say(f"[2/3] Pre-LN vs Magneto, {len(chosen)} tasks x {len(NORMS)} runs, {a.jobs} at a time -> {a.out}/")
-    from studies.compare import compare, run_name
+    from foundation.config import ConfigError
+    from studies.compare import REPORT_LOCK, Runner, grid, run_name, write_report
 
     results: dict[str, dict] = {}
+    outcomes: dict[str, dict[str, Outcome]] = {s.stage_name: {} for s in chosen}
+    primary: dict[str, tuple[str, bool]] = {}  # stage -> its primary metric and direction
     finished = {(s.stage_name, n): threading.Event() for s in chosen for n in NORMS}
-    left = {s.stage_name: len(NORMS) for s in chosen}
     began: dict[str, float] = {}
 
     def steps(stage: Recipe) -> int:
@@ -190,21 +190,26 @@ def main(argv: list[str] | None = None) -> int:
         return [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps(stage)}",
                 "eval.every=0", "save.every=0", "save.keep=1"]
 
-    def stage_compare(stage: Recipe, norms) -> int:
-        name, config = stage.stage_name, stage.config  # compare sets the norm per run
+    def lr_of(stage: Recipe) -> float:
+        return _config_lr(stage.config, stage_overrides(stage))
+
+    def runner_of(stage: Recipe) -> Runner:
+        """One comparison per stage: its runs (one per norm, each a job of its own), one report."""
         overrides = stage_overrides(stage)
-        lr = _config_lr(config, overrides)
         if stage.init_from_stage:  # each run starts from that stage's run of the same norm and seed
             dep = next(s for s in chosen if s.stage_name == stage.init_from_stage)
-            dep_lr = _config_lr(dep.config, stage_overrides(dep))
-            overrides.append(f"init_from={a.out / dep.stage_name / 'runs' / run_name('{norm}', dep_lr, '{seed}')}"
+            overrides.append(f"init_from={a.out / dep.stage_name / 'runs' / run_name('{norm}', lr_of(dep), '{seed}')}"
                              "/best/model.safetensors")
-        return compare(Path(config), a.out / name, norms, [0], [lr], overrides,
-                       command=f"foundation demo (stage {name})", say=lambda text: say(f"  {name}: {text}"))
+        name = stage.stage_name
+        return Runner(Path(stage.config), a.out / name, overrides, say=lambda text: say(f"  {name}: {text}"))
+
+    plans = {s.stage_name: (runner_of(s), grid(NORMS, [0], [lr_of(s)])) for s in chosen}
 
     def run_item(item: tuple[Recipe, str]) -> None:
         stage, norm = item
         name = stage.stage_name
+        runner, specs = plans[name]
+        spec = next(sp for sp in specs if sp.norm == norm)
         try:
             if stage.init_from_stage:
                 finished[stage.init_from_stage, norm].wait()
@@ -212,19 +217,28 @@ def main(argv: list[str] | None = None) -> int:
                 if name not in began:
                     began[name] = time.perf_counter()
                     print(f"  {name}: {steps(stage)} steps per run ...", flush=True)
-            stage_compare(stage, [norm])
+            try:
+                primary[name] = runner.check([spec])  # its config resolves (init_from: its start exists)
+                outcomes[name][norm] = runner.one(NORMS.index(norm) + 1, spec, len(NORMS))
+            except ConfigError as e:
+                say(f"  {name}: {norm}: {e}")
         finally:
             finished[name, norm].set()
-            with lock:
-                left[name] -= 1
-                last = not left[name]
-        if last:  # both runs done: the stage's report over both, and its row
-            rc = stage_compare(stage, NORMS)
-            out, seconds = a.out / name, time.perf_counter() - began[name]
-            if rc:
-                say(f"  {name}: failed (exit {rc}); see {out}/runs/")
-            results[name] = {**read_result(stage, out, steps(stage), seconds), "baseline": baseline(stage, a.data)}
-            say(f"  {name}: done in {seconds:.0f} s -> {out}/report.md")
+        with lock:  # the stage's last run writes its report (over both runs) and its row
+            if name in results or not all(finished[name, n].is_set() for n in NORMS):
+                return
+            results[name] = {}
+        out, seconds = a.out / name, time.perf_counter() - began[name]
+        done = [outcomes[name][n] for n in NORMS if n in outcomes[name]]
+        if done:
+            with REPORT_LOCK:
+                write_report(out, Path(stage.config), done, [o.norm for o in done], [0], [specs[0].lr],
+                             *primary[name], f"foundation demo (stage {name})", runner.rules,
+                             runner.invocation(len(specs)))
+        if len(done) < len(NORMS) or any(o.verdict == "failed" for o in done):
+            say(f"  {name}: a run failed; see {out}/runs/")
+        results[name] = {**stage_row(stage, outcomes[name], steps(stage)), "baseline": baseline(stage, a.data)}
+        say(f"  {name}: done in {seconds:.0f} s -> {out}/report.md")
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         list(pool.map(run_item, run_order(chosen)))

@@ -22,7 +22,8 @@ class Recipe:
     stage: str = ""  # the demo stage's name ("" = the task's)
     label: str = ""  # the row label of the demo's table
     data: str = ""  # the `foundation data make` data set it reads ("" = none: not in the demo)
-    data_override: str = ""  # the override pointing the config at that data, {root} = its folder
+    data_field: str = ""  # the config field that takes the data folder, e.g. tasks.vqa.data_dir
+    data_path: str = "{root}"  # that folder: {root} = the data set's folder (as its generator declares it)
     steps: int = 0  # training steps of a demo run (0 = not in the demo)
     overrides: tuple[str, ...] = ()  # demo runs: more overrides (e.g. no pretrained weights)
     minutes: float = 1.0  # one demo run on one idle core, measured; longest runs start first

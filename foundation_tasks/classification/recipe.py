@@ -5,7 +5,7 @@ RECIPE = Recipe(
     task="classification", config="configs/vision/tiny_finetune.yaml", metric="top1", scale=100,
     modality="vision", rank=1,
     stage="vision", label="image classification (top-1 %)", data="vision",
-    data_override="tasks.classification.data_dir={root}", steps=750, overrides=("init_from=null",), minutes=2.0,
+    data_field="tasks.classification.data_dir", steps=750, overrides=("init_from=null",), minutes=2.0,
     baseline="chance 10.0",
     stability_steps=160, stability_overrides=("train.batch_size=32",),  # ~30 s a 24-layer run
 )

@@ -4,6 +4,6 @@ from foundation.engine.recipe import Recipe
 RECIPE = Recipe(
     task="segmentation", config="configs/segmentation/tiny.yaml", metric="mIoU", scale=1,
     modality="vision", rank=2,
-    label="segmentation (mIoU %)", data="segmentation", data_override="tasks.segmentation.data_root={root}",
+    label="segmentation (mIoU %)", data="segmentation", data_field="tasks.segmentation.data_root",
     steps=400, minutes=2, baseline="one class everywhere <= 12.5", stability_steps=100,
 )

@@ -3,6 +3,6 @@ from foundation.engine.recipe import Recipe
 
 RECIPE = Recipe(
     task="vqa", config="configs/vl/tiny_vqa.yaml", metric="vqa_accuracy", scale=100, modality="vl", rank=4,
-    label="VQA (accuracy %)", data="vl", data_override="tasks.vqa.data_dir={root}/vqa", steps=1500, minutes=3.0,
+    label="VQA (accuracy %)", data="vl", data_field="tasks.vqa.data_dir", data_path="{root}/vqa", steps=1500, minutes=3.0,
     prior="foundation_tasks.vqa.prior", stability_steps=120,
 )

@@ -45,7 +45,7 @@ from foundation.engine.recipe import Recipe
 
 RECIPE = Recipe(task="{name}", config={config!r}, metric="exact_match", scale=100, rank=99,
                 label="throw-away reversal (exact match %)", data="{name}",
-                data_override="tasks.{name}.data_dir={{root}}", steps=6, minutes=0.1)
+                data_field="tasks.{name}.data_dir", steps=6, minutes=0.1)
 '''
 
 

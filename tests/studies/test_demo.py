@@ -60,7 +60,7 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
     metrics and timings as the table they replace."""
     from pathlib import Path
 
-    got = [(s.stage_name, s.config.format(norm="magneto"), s.data, s.steps, s.metric, s.scale, s.overrides,
+    got = [(s.stage_name, s.config, s.data, s.steps, s.metric, s.scale, s.overrides,
             s.minutes) for s in demo.stages()]
     assert got == [
         ("vision", "configs/vision/tiny_finetune.yaml", "vision", 750, "top1", 100, ("init_from=null",), 2.0),
