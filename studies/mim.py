@@ -15,12 +15,13 @@ best of several), on the val split.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from studies.runs import last_eval, launch, read_records, status
+from studies.runs import ensure, last_eval, read_records, status
 
 NORMS = ("magneto", "preln")
 CONFIGS = Path("configs/vision")
@@ -38,20 +39,16 @@ def final_eval(path: Path, key: str) -> float | None:
 
 
 def train(config: Path, name: str, out: Path, overrides: list[str], key: str, threads: int) -> float:
-    """``foundation train config`` as run ``name`` unless it already finished; its final ``key``."""
+    """``foundation train config`` as run ``name`` (studies.runs.ensure: skipped when it finished,
+    resumed when it began); its final ``key``."""
     path = run_dir(out, name)
-    value = final_eval(path, key)
-    if value is not None:
-        print(f"[{name}] done before: {key} {value:.4f}", flush=True)
-        return value
-    args = [str(config), f"run_name={name}", f"output_dir={out}", "log.progress=false", "overwrite=true", *overrides]
     start = time.perf_counter()
-    print(f"[{name}] foundation.cli train {' '.join(args)}", flush=True)
-    log = out / f"{name}.log"
-    code = launch(args[0], args[1:], log, env={"OMP_NUM_THREADS": str(threads)})
-    if code != 0:
-        raise RuntimeError(f"[{name}] failed (exit {code}); see {log}")
+    os.environ["OMP_NUM_THREADS"] = str(threads)  # read by each run's own process
+    failure = ensure(config, [f"run_name={name}", f"output_dir={out}", "log.progress=false", *overrides], path,
+                     head=f"[{name}]")
     value = final_eval(path, key)
+    if failure or value is None:
+        raise RuntimeError(f"[{name}] did not finish ({failure or status(path)}); see {path}/train.log")
     print(f"[{name}] {key} {value:.4f} ({time.perf_counter() - start:.0f} s)", flush=True)
     return value
 

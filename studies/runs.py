@@ -130,7 +130,9 @@ def config_mismatch(run_dir: Path, wanted: dict) -> list[str]:
 def launch(config: str | Path, overrides: Sequence[str], log: Path, env: Optional[dict] = None) -> int:
     """``foundation train CONFIG overrides`` in its own process, its output appended to ``log``
     (after the command line); the exit code."""
-    cmd = [sys.executable, "-m", "foundation.cli", "train", str(config), *overrides]
+    # -P: the working directory is not put first on sys.path, so a file of the user's there
+    # (a tasks.py, a studies/ folder) is never imported in place of this project's modules
+    cmd = [sys.executable, "-P", "-m", "foundation.cli", "train", str(config), *overrides]
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")

@@ -31,7 +31,7 @@ METRICS = {"vqa": "vqa/vqa_accuracy", "nlvr2": "nlvr2/accuracy"}
 
 def runs(norm: str, seed: int, out: str, extra: list[str]) -> list[tuple[str, list[str]]]:
     """(run name, `foundation train` arguments) in the order they must run."""
-    common = [f"backbone.norm={norm}", f"seed={seed}", f"output_dir={out}", "overwrite=true", "log.progress=false", *extra]
+    common = [f"backbone.norm={norm}", f"seed={seed}", f"output_dir={out}", "log.progress=false", *extra]
     pre = f"pretrain-{norm}-s{seed}"
     weights = f"{out}/{pre}/best/model.safetensors"
     plan = [(pre, ["configs/vl/tiny_pretrain.yaml", f"run_name={pre}", *common])]
@@ -143,15 +143,11 @@ def main(argv: list[str] | None = None) -> int:
                 run_dir = out / name
                 if not finished(run_dir) and a.report:
                     continue
-                if not finished(run_dir):
-                    start = time.perf_counter()
-                    print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
-                    log = out / f"{name}.log"
-                    rc = run_dirs.launch(args[0], args[1:], log)
-                    if rc != 0:
-                        print(f"{name} failed (exit {rc}); see {log}", file=sys.stderr)
-                        return rc
-                    print(f"  {time.perf_counter() - start:.0f} s", flush=True)
+                failure = run_dirs.ensure(Path(args[0]), args[1:], run_dir, head=f"[{time.strftime('%H:%M:%S')}] {name}")
+                if failure or not finished(run_dir):
+                    print(f"{name} did not finish ({failure or run_dirs.status(run_dir)}); see {run_dir}/train.log",
+                          file=sys.stderr)
+                    return 1
                 step, metrics = last_eval(run_dir)
                 result = {"seed": seed, "norm": norm, "step": step, "metrics": metrics}
                 if not name.startswith("pretrain"):

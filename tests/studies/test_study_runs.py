@@ -65,3 +65,19 @@ def test_vl_table_reads_the_last_evaluation(tmp_path):
     assert not finished(run_dir)
     (run_dir / "status.json").write_text('{"status": "finished"}')
     assert finished(run_dir)
+
+
+def test_a_run_started_by_a_study_never_imports_the_working_directory(tmp_path, monkeypatch):
+    """Studies start each run as its own process; files of the user's beside them (a tasks.py
+    as Invoke and Celery write, a studies/ folder) are not imported in place of the project's."""
+    marker = tmp_path / "executed"
+    for name in ("tasks.py", "foundation_tasks.py"):
+        (tmp_path / name).write_text(f"open({str(marker)!r}, 'w').write({name!r})\n")
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('studies')\n")
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "out" / "run"
+    failure = runs.train(Path("seq2seq/tiny"), ["train.steps=2", "eval.every=0", "log.progress=false",
+                                                f"output_dir={run_dir.parent}", "run_name=run"], run_dir)
+    assert failure == "" and runs.status(run_dir) == "finished"
+    assert not marker.exists(), marker.read_text()
