@@ -71,8 +71,8 @@ class BEiT3Embedding(nn.Module):
         self.vision_pos = nn.Parameter(torch.zeros(1 + self.patch_embed.num_patches, dim))
         self.text_pos = nn.Parameter(torch.zeros(text_positions, dim))
         # BEiT's std 0.02 for all of them. torchscale's BEiT3 starts text rows at N(0, dim^-1/2) and
-        # positions at N(0, 1) (nn.Embedding's default); measured on the tiny demo recipes (docs/
-        # vision-language.md): its text init scores ~5 VQA points lower on the demo mix (though it
+        # positions at N(0, 1) (nn.Embedding's default); on the tiny demo recipes (docs/
+        # vision-language.md) its text init scores ~5 VQA points lower on the demo mix (though it
         # learns shape words faster on their own), its positions lower again.
         for p in (self.text_embed.weight, self.cls_token, self.mask_token, self.vision_pos, self.text_pos):
             nn.init.trunc_normal_(p, std=0.02)

@@ -57,7 +57,7 @@ DEMO_DATA = {"name": "vl", "folder": "vl"}  # foundation data make vl (engine/de
 # phrasing made of words and word orders the training templates use (a model learns the words,
 # never the phrasing). Each family has many training phrasings, as real questions do: with a
 # handful, a model learns the templates instead of the words (e.g. "show" only in a count
-# template made the held-out "Does the image show any ...?" a count question).
+# template would make the held-out "Does the image show any ...?" a count question).
 QUESTION_TEMPLATES = {
     "count": (["How many {x} are there?", "How many {x} are in the picture?", "How many {x} are in the image?",
                "How many {x} can you see?", "How many {x} can you see in the picture?",
