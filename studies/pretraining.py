@@ -266,7 +266,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
             write_cell_report(cell_out, config, outcomes, [norm], seeds, [lrs[config]], primary, higher, command, Rules(),
                               "Every seed fine-tunes from the pretraining runs of the same seed.")
             cells[(ft.task, init)] = read_cell(cell_out)
-    primaries = {t.id: t.cls.primary_metric for t in load_config(pre_config, pre_overrides, check_data=False)[1]}
+    primaries = {t.id: t.cls.primary(t.config)[0] for t in load_config(pre_config, pre_overrides, check_data=False)[1]}
     write_report(out, cells, finetunes, norm, seeds, pre_config, arch, command, {r: pretrain_runs[r] for r in needed},
                  pretrain_table(out, {r: pretrain_runs[r] for r in needed}, primaries))
     tell(f"\n{cell_table(cells, finetunes)}\n\nwrote {out}/report.md, results.json, pretraining.png")

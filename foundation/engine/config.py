@@ -248,12 +248,13 @@ def best_metric(cfg: TrainConfig, specs: Sequence[TaskSpec]) -> tuple[str, bool]
     """The metric that picks ``best/`` (``task_id/metric``) and whether higher is better: the
     one rule the loop and the studies share. ``eval.best_mode: auto`` takes the task's own
     direction for its primary metric and "higher" for any other metric."""
-    key = cfg.eval.best or f"{specs[0].id}/{specs[0].cls.primary_metric}"
+    key = cfg.eval.best or f"{specs[0].id}/{specs[0].cls.primary(specs[0].config)[0]}"
     tid, _, metric = key.partition("/")
-    cls = next(s.cls for s in specs if s.id == tid)
+    spec = next(s for s in specs if s.id == tid)
     if cfg.eval.best_mode != "auto":
         return key, cfg.eval.best_mode == "max"
-    return key, cls.higher_is_better if metric == cls.primary_metric else True
+    own, higher = spec.cls.primary(spec.config)
+    return key, higher if metric == own else True
 
 
 def shipped_configs_dir() -> Path | None:

@@ -81,6 +81,12 @@ class Task(abc.ABC):
     Config: ClassVar[type]  # a dataclass; its fields are the task's section of the YAML
     primary_metric: ClassVar[str]
     higher_is_better: ClassVar[bool] = True
+
+    @classmethod
+    def primary(cls, config: Any) -> tuple[str, bool]:
+        """The metric that picks the best checkpoint and whether higher is better, for this
+        task's ``config``; a task whose metric depends on its config (MIM's target) overrides it."""
+        return cls.primary_metric, cls.higher_is_better
     # name prefixes of head parameters that sit below the backbone (embeddings, front
     # ends); layer-wise lr decay puts them in layer 0 and the rest of the head on top
     embedding_params: ClassVar[tuple[str, ...]] = ("embed", "patch_embed", "pos_embed", "cls_token", "mask_token")

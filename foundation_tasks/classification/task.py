@@ -55,6 +55,10 @@ class ClassificationConfig(TransformConfig):
     label_smoothing: float = 0.1
     min_image_size: int = 1  # smaller images are errors naming the file
     cache_images: bool = False  # keep decoded images in memory (small data sets)
+    # a label budget: train on this many images per class (val is never subset), drawn by
+    # subset_seed; nested across budgets (vision_common.folder.labelled_subset)
+    train_per_class: Optional[int] = None
+    subset_seed: int = 0
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:
@@ -64,6 +68,8 @@ class ClassificationConfig(TransformConfig):
             raise bad("global_pool", "must be avg or token")
         if self.pos_embed_init not in POS_INITS:
             raise bad("pos_embed_init", f"must be one of {', '.join(POS_INITS)}")
+        if self.train_per_class is not None and self.train_per_class < 1:
+            raise bad("train_per_class", "must be >= 1 or null (every image)")
         for name in ("num_classes", "patch_size", "img_size", "min_image_size", "re_count"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
@@ -119,7 +125,8 @@ class Classification(ImageFolderTask):
         c = self.cfg
         return ImageFolderDataset(c.data_dir, split, build_transform(c, train), min_image_size=c.min_image_size,
                                   random_transform=train, expected_shape=(3, c.img_size, c.img_size),
-                                  cache_images=c.cache_images)
+                                  cache_images=c.cache_images, per_class=c.train_per_class if train else None,
+                                  subset_seed=c.subset_seed)
 
     def collate(self, samples):
         images, labels = zip(*samples)

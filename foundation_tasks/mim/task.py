@@ -1,17 +1,21 @@
-"""BEiT masked image modeling on visual tokens (Magneto Sec. 5, Table 13; BEiT v2).
+"""Masked image modeling: BEiT on visual tokens (Magneto Sec. 5, Table 13; BEiT v2), or
+normalised pixels (SimMIM's input masking, MAE's per-patch normalised target).
 
     tasks:
       - name: mim
         data_dir: data/vision-demo                  # ImageNet layout; labels unused
-        tokenizer: checkpoints/vision-tokenizer-tiny/best/model.safetensors
+        target: tokens                               # tokens (BEiT) | pixels
+        tokenizer: checkpoints/vision-tokenizer-tiny/best/model.safetensors   # target: tokens
         img_size: 32
         patch_size: 4
         num_masking_patches: 26                      # BEiT on 14x14: 75
         min_num_patches: 4                           # BEiT: 16
 
 The tokenizer is a trained ``vq_tokenizer`` run (or a converted BEiT v2 tokenizer) with
-the same patch grid. Evaluation reports the accuracy of the predicted token ids on the
-masked patches of the validation images (``mim_acc``) and their cross-entropy.
+the same patch grid. Evaluation reports, on the masked patches of the validation images,
+the accuracy of the predicted token ids (``mim_acc``) and their cross-entropy, or for the
+pixel target the mean squared error of the normalised patch pixels (``pix_loss``; 1.0 is
+what predicting each patch's mean scores).
 """
 from __future__ import annotations
 
@@ -27,18 +31,23 @@ from foundation.config import ConfigError
 from foundation.embed import POS_INITS
 from foundation.engine.task import register_task
 from foundation_tasks.mim.data import MaskedImageFolder
-from foundation_tasks.mim.metrics import mim_metrics, mim_sums
-from foundation_tasks.mim.model import MIMHead
+from foundation_tasks.mim.metrics import mim_metrics, mim_sums, pixel_sums
+from foundation_tasks.mim.model import MaskedImageModel, MIMHead, PixelMIMHead
 from foundation_tasks.vision_common.masking import MaskingGenerator
 from foundation_tasks.vision_common.task import ImageFolderTask
 from foundation_tasks.vision_common.tokenizer import load_tokenizer
 from foundation_tasks.vision_common.transforms import pretrain_transform, uncropped_eval_transform
 
 
+TARGETS = ("tokens", "pixels")
+
+
 @dataclass
 class MIMConfig:
     data_dir: Optional[str] = None  # ImageNet layout: ROOT/{train,val}/<class>/*.JPEG
-    tokenizer: Optional[str] = None  # a vq_tokenizer run's model.safetensors (or a converted BEiT v2 one)
+    target: str = "tokens"  # tokens: the tokenizer's code of each masked patch (BEiT) | pixels (normalised)
+    norm_pix: bool = True  # pixels: each target patch to zero mean, unit variance (MAE's norm_pix_loss)
+    tokenizer: Optional[str] = None  # tokens: a vq_tokenizer run's model.safetensors (or a converted BEiT v2 one)
     tokenizer_task: Optional[str] = None  # its vq_tokenizer task id, if it has several
     img_size: int = 224
     patch_size: int = 16
@@ -61,6 +70,8 @@ class MIMConfig:
         for name in ("img_size", "patch_size", "num_masking_patches", "min_num_patches"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
+        if self.target not in TARGETS:
+            raise bad("target", f"must be one of {', '.join(TARGETS)}")
         if self.pos_embed_init not in POS_INITS:
             raise bad("pos_embed_init", f"must be one of {', '.join(POS_INITS)}")
         if len(self.scale) != 2 or not 0 < self.scale[0] <= self.scale[1] <= 1:
@@ -83,9 +94,15 @@ class MIM(ImageFolderTask):
     modality = "vision"
     multiway = True
 
+    @classmethod
+    def primary(cls, config: MIMConfig) -> tuple[str, bool]:
+        return ("pix_loss", False) if config.target == "pixels" else (cls.primary_metric, True)
+
     def check(self) -> None:
         super().check()
         c = self.cfg
+        if c.target == "pixels":
+            return
         if c.tokenizer is None:
             raise ConfigError("field 'tokenizer': set it to a trained tokenizer (a vq_tokenizer run's "
                               "best/model.safetensors; see configs/vision/tiny_tokenizer.yaml)")
@@ -93,8 +110,11 @@ class MIM(ImageFolderTask):
             raise ConfigError(f"field 'tokenizer': not found: {c.tokenizer} (train it first: foundation train "
                               "configs/vision/tiny_tokenizer.yaml)")
 
-    def build_head(self, shared=None) -> MIMHead:
+    def build_head(self, shared=None) -> MaskedImageModel:
         c = self.cfg
+        if c.target == "pixels":
+            return PixelMIMHead(self.backbone_cfg.dim, c.img_size, c.patch_size, pos_init=c.pos_embed_init,
+                                norm_pix=c.norm_pix)
         if c.tokenizer is None or not Path(c.tokenizer).is_file():
             raise ConfigError(f"field 'tokenizer': not found: {c.tokenizer}")
         try:
@@ -117,8 +137,10 @@ class MIM(ImageFolderTask):
         images, masks = zip(*samples)
         return {"images": torch.stack(images), "mask": torch.stack(masks)}
 
-    def eval_step(self, head: MIMHead, backbone: nn.Module, batch) -> dict[str, torch.Tensor]:
+    def eval_step(self, head: MaskedImageModel, backbone: nn.Module, batch) -> dict[str, torch.Tensor]:
         images, mask = batch["images"], batch["mask"]
+        if isinstance(head, PixelMIMHead):
+            return pixel_sums(head.masked_pixels(backbone, images, mask), head.targets(images)[mask])
         return mim_sums(head.masked_logits(backbone, images, mask), head.targets(images)[mask])
 
     def metrics(self, totals) -> dict[str, float]:

@@ -84,6 +84,26 @@ def scan_split(root: str | Path, split: str, classes: Sequence[str]) -> list[tup
     return samples
 
 
+def labelled_subset(samples: Sequence[tuple[Path, int]], per_class: int, seed: int,
+                    where: str = "") -> list[tuple[Path, int]]:
+    """``per_class`` items of each class, drawn by a permutation seeded by (seed, class): the
+    same subset for the same seed on any machine, and nested across sizes (the 10 of a seed
+    are among its 100), so label budgets differ only in the labels added."""
+    import numpy as np
+
+    by_class: dict[int, list[tuple[Path, int]]] = {}
+    for item in samples:
+        by_class.setdefault(item[1], []).append(item)
+    out = []
+    for label, items in sorted(by_class.items()):
+        if len(items) < per_class:
+            raise ImageDataError(f"{where or 'the split'}: class {label} has {len(items)} images, fewer than the "
+                                 f"{per_class} per class asked for")
+        order = np.random.default_rng([seed, label]).permutation(len(items))[:per_class]
+        out.extend(items[i] for i in sorted(order))
+    return out
+
+
 # --------------------------------------------------------------------------- the data set
 
 
@@ -92,11 +112,14 @@ class ImageFolderDataset(Dataset):
 
     def __init__(self, root: str | Path, split: str, transform: Callable, *, classes: Sequence[str] | None = None,
                  min_image_size: int = 1, random_transform: bool = False,
-                 expected_shape: Sequence[int] | None = None, cache_images: bool = False):
+                 expected_shape: Sequence[int] | None = None, cache_images: bool = False,
+                 per_class: int | None = None, subset_seed: int = 0):
         self.root, self.split = Path(root), split
         self.decoded = DecodedImages(cache_images)
         self.classes = list(classes) if classes is not None else find_classes(root)
         self.samples = scan_split(root, split, self.classes)
+        if per_class is not None:  # a label budget: the same classes, fewer images each
+            self.samples = labelled_subset(self.samples, per_class, subset_seed, where=str(self.root / split))
         self.transform, self.min_image_size = transform, min_image_size
         self.random_transform = random_transform  # seed it per item (training augmentation)
         self.expected_shape = tuple(expected_shape) if expected_shape is not None else None

@@ -1,0 +1,41 @@
+"""`foundation compare labels` end to end on a tiny data set: pretraining runs, fine-tuning cells at
+a label budget from scratch and from each pretraining, the report, the figure, and resuming."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from studies import labels
+
+
+def test_label_budget_study_from_nothing(tmp_path, capsys):
+    from foundation_tasks.classification import demo
+
+    data = tmp_path / "data"
+    demo.write_dataset(data, seed=0, size=32, train_per_class=4, val_per_class=2, num_classes=10)
+    argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--norms", "magneto", "--seeds", "0",
+            "--budgets", "2,all", "--steps", "2", "--pretrain-steps", "2", "--jobs", "2",
+            "--finetune", "train.batch_size=8", "eval.batch_size=20", "--pretrain", "train.batch_size=8"]
+    assert labels.main(argv) == 0
+    out = tmp_path / "out"
+    results = json.loads((out / "results.json").read_text())
+    cells = {(c["budget"], c["init"]): c for c in results["cells"]}
+    assert set(cells) == {(b, i) for b in ("2", "all") for i in labels.INITS}
+    assert all(c["mean"] is not None and 0 <= c["mean"] <= 100 for c in cells.values())
+    report = (out / "report.md").read_text()
+    assert "| magneto | 2 |" in report and "MIM, pixel target" in report
+    assert (out / "labels.png").stat().st_size > 10_000
+    ft = (out / "runs" / "magneto-2-pixels-s0" / "config.yaml").read_text()
+    assert "train_per_class: 2" in ft and "subset_seed: 0" in ft and "pretrain/pixels-magneto" in ft
+    assert (out / "pretrain" / "tokenizer" / "status.json").is_file()
+    capsys.readouterr()
+    assert labels.main(argv) == 0  # again: every run is read, none retrained
+    assert "training ..." not in capsys.readouterr().out
+
+
+def test_bad_arguments_are_one_line(capsys):
+    assert labels.main(["--budgets", "ten"]) == 2
+    assert "--budgets: 'ten'" in capsys.readouterr().err
+    assert labels.main(["--inits", "scratch,clip"]) == 2
+    assert "unknown clip" in capsys.readouterr().err
