@@ -251,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"\nreports, curves (curves.png) and runs: {a.out}/<task>/; this table: {a.out}/summary.md")
     say("'without learning': what the metric is for a model that learnt nothing (chance, the answer prior); "
         "README: what each row reaches and its bar")
+    say("every row trains from scratch on all its labels; pretraining pays where labels are scarce: "
+        "foundation compare labels --quick (vision, scratch vs MIM at 10 labels per class, 16 min)")
     return 0
 
 
