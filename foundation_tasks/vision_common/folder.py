@@ -98,7 +98,7 @@ def labelled_subset(samples: Sequence[tuple[Path, int]], per_class: int, seed: i
     for label, items in sorted(by_class.items()):
         if len(items) < per_class:
             raise ImageDataError(f"{where or 'the split'}: class {label} has {len(items)} images, fewer than the "
-                                 f"{per_class} per class asked for")
+                                 f"{per_class} per class asked for (train_per_class)")
         order = np.random.default_rng([seed, label]).permutation(len(items))[:per_class]
         out.extend(items[i] for i in sorted(order))
     return out
