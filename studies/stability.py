@@ -20,7 +20,6 @@ No gradient clipping unless ``--clip`` (clipping hides divergence); warm-up as i
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import threading

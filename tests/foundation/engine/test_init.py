@@ -6,7 +6,6 @@ import torch
 from safetensors.torch import save_file
 
 from foundation.config import BackboneConfig, ConfigError
-from foundation.engine.config import resolve
 from foundation.engine.init import load_init_from
 from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation.engine.task import SharedModules

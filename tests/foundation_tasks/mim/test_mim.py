@@ -2,7 +2,6 @@
 head missing), fine-tuning with layer decay; config errors; the MIM-vs-scratch comparison."""
 from __future__ import annotations
 
-import json
 
 import pytest
 import torch
