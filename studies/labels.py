@@ -1,23 +1,27 @@
-"""``foundation compare labels``: does pretraining pay where labels are scarce? Vision on the demo
-data: the tiny classifier fine-tuned at several label budgets (images per class; the val split
-never changes) from scratch and from each masked-image-modeling pretraining on the unlabelled
-training images, with the same fine-tuning recipe and steps in every cell.
+"""``foundation compare labels``: does pretraining pay where labels are scarce? Each task's tiny
+recipe fine-tuned at several label budgets, from scratch and from each pretraining of its
+modality on the unlabelled data, with the same fine-tuning recipe and steps in every cell. The
+evaluation sets never change with the budget.
 
-Pretrainings (one per norm, on every training image, labels unused):
+A task takes part through its recipe (``foundation_tasks/<task>/recipe.py``: ``label_field``,
+``label_budgets``, ``pretrainings``); the pretrainings (one run per norm, labels unused) are:
 
 * ``pixels``: ``configs/vision/tiny_mim_pixels.yaml`` (normalised-pixel regression of the masked
-  patches: SimMIM's input masking, MAE's target);
+  patches: SimMIM's input masking, MAE's target), for classification and segmentation;
 * ``tokens``: ``configs/vision/tiny_tokenizer.yaml`` (a VQ-KD tokenizer), then
-  ``configs/vision/tiny_mim.yaml`` (BEiT: the masked patches' codes).
+  ``configs/vision/tiny_mim.yaml`` (BEiT: the masked patches' codes);
+* ``best_rq``: ``configs/best_rq/tiny.yaml`` on the speech corpus's audio, for ASR;
+* ``vl``: ``configs/vl/tiny_pretrain.yaml`` (BEiT-3: masked text, images, image-caption pairs),
+  for VQA.
 
-Each cell (norm x budget x initialisation x seed) is an ordinary ``foundation train`` of
-``configs/vision/tiny_finetune.yaml`` with ``train_per_class`` / ``subset_seed`` (nested subsets:
-the 10 images of a seed are among its 100) in its own run directory; the same command again
-skips what finished and resumes the rest.
+Each cell (task x norm x budget x initialisation x seed) is an ordinary ``foundation train`` of
+the task's tiny config with the budget and ``subset_seed`` = the seed (nested subsets: the 10
+images of a seed are among its 100) in its own run directory; the same command again skips what
+finished and resumes the rest.
 
-    OUT/pretrain/<run>/             the pretraining runs
-    OUT/runs/<norm>-<budget>-<init>-s<seed>/
-    OUT/report.md, results.json     top-1 per cell: mean ± std over seeds and per seed; labels.png
+    OUT/pretrain/<init>-<norm>/                 the pretraining runs
+    OUT/runs/<task>-<norm>-<budget>-<init>-s<seed>/
+    OUT/report.md, results.json                 the metric per cell: mean ± std over seeds and per seed; labels.png
 """
 from __future__ import annotations
 
@@ -28,44 +32,89 @@ import statistics
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+from foundation.engine.recipe import Recipe
 from studies import runs
 from studies.compare import parse_ints, parse_norms
 from studies.plots import pyplot
 
-FINETUNE = "configs/vision/tiny_finetune.yaml"
 TOKENIZER = "configs/vision/tiny_tokenizer.yaml"
-PRETRAIN = {"pixels": "configs/vision/tiny_mim_pixels.yaml", "tokens": "configs/vision/tiny_mim.yaml"}
-INITS = ("scratch", "pixels", "tokens")
-INIT_LABELS = {"scratch": "scratch", "pixels": "MIM, pixel target", "tokens": "MIM, token target (BEiT)"}
-METRIC = "classification/top1"
+VL_DATA = {"text.train_data": "text/train.txt", "text.eval_data": "text/val.txt",
+           "image.train_data": "vqa/train2014", "image.eval_data": "vqa/val2014",
+           "pair.train_data": "coco/annotations/captions_train2014.json", "pair.train_images": "vqa/train2014",
+           "pair.eval_data": "coco/annotations/captions_val2014.json", "pair.eval_images": "vqa/val2014"}
 
 
-def budget_name(b: Optional[int]) -> str:
-    return "all" if b is None else str(b)
+@dataclass(frozen=True)
+class Pretraining:
+    config: str
+    data: str  # the demo data set it reads (foundation data make <data>)
+    overrides: tuple[str, ...]  # {root}: that data set's folder
+    label: str
 
 
-def parse_budgets(text: str) -> list[Optional[int]]:
-    out: list[Optional[int]] = []
+PRETRAININGS = {
+    "pixels": Pretraining("configs/vision/tiny_mim_pixels.yaml", "vision", ("tasks.0.data_dir={root}",),
+                          "MIM, pixel target"),
+    "tokens": Pretraining("configs/vision/tiny_mim.yaml", "vision", ("tasks.0.data_dir={root}",),
+                          "MIM, token target (BEiT)"),
+    "best_rq": Pretraining("configs/best_rq/tiny.yaml", "speech", ("tasks.0.data_dir={root}",), "BEST-RQ"),
+    # the VQA recipe's convolutional stem in every entry, so that fine-tuning loads it too
+    "vl": Pretraining("configs/vl/tiny_pretrain.yaml", "vl",
+                      tuple(f"tasks.{k}={{root}}/{v}" for k, v in VL_DATA.items())
+                      + tuple(f"tasks.{e}.conv_stem=true" for e in ("text", "image", "pair")),
+                      "BEiT-3 masked data modeling"),
+}
+INIT_LABELS = {"scratch": "scratch", **{k: p.label for k, p in PRETRAININGS.items()}}
+COLORS = {"scratch": "tab:gray", "pixels": "tab:blue", "tokens": "tab:purple", "best_rq": "tab:green",
+          "vl": "tab:orange"}
+
+
+def label_recipes() -> list[Recipe]:
+    from studies.recipes import recipes
+
+    return [r for r in recipes() if r.label_budgets]
+
+
+def parse_budgets(text: str, recipe: Recipe) -> list[str]:
+    """Budgets as their config values: whole numbers (per class) or fractions in (0, 1], or 'all'."""
+    per_class = recipe.label_field.endswith("train_per_class")
+    out: list[str] = []
     for t in (t.strip() for t in text.split(",") if t.strip()):
         if t == "all":
-            out.append(None)
-        elif t.isdigit() and int(t) > 0:
-            out.append(int(t))
-        else:
-            raise ValueError(f"--budgets: {t!r} is neither a number of images per class nor 'all'")
+            out.append(t)
+            continue
+        try:
+            ok = int(t) > 0 if per_class else 0 < float(t) <= 1
+        except ValueError:
+            ok = False
+        if not ok:
+            what = "a number of labelled items per class" if per_class else "a fraction in (0, 1]"
+            raise ValueError(f"--budgets: {t!r} is neither {what} ({recipe.task}) nor 'all'")
+        out.append(t)
     if not out:
-        raise ValueError("--budgets: give at least one budget (e.g. 10,100,all)")
+        raise ValueError("--budgets: give at least one budget (e.g. 10,100,all or 0.1,all)")
     return out
+
+
+def metric_key(recipe: Recipe) -> str:
+    return f"{recipe.task}/{recipe.metric}"
+
+
+def higher_is_better(recipe: Recipe) -> bool:
+    from foundation.engine.task import get_task
+
+    return get_task(recipe.task).higher_is_better
 
 
 class Study:
     """The runs of one invocation: where they go, their overrides, and bringing each to its end once."""
 
-    def __init__(self, a: argparse.Namespace):
-        self.a, self.out = a, Path(a.out)
+    def __init__(self, a: argparse.Namespace, folders: dict[str, str]):
+        self.a, self.out, self.folders = a, Path(a.out), folders
         self.lock = threading.Lock()  # printing
         self.tokenizer_lock = threading.Lock()  # the tokenizer run, shared by both norms' token MIM
         self.failed: list[str] = []
@@ -73,6 +122,9 @@ class Study:
     def say(self, text: str) -> None:
         with self.lock:
             print(text, flush=True)
+
+    def root(self, data: str) -> str:
+        return str(Path(self.a.data) / self.folders[data])
 
     def train(self, config: str, run_dir: Path, overrides: Sequence[str]) -> bool:
         failure = runs.ensure(Path(config), [*overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
@@ -82,105 +134,124 @@ class Study:
             return False
         return True
 
-    def data(self, field: str = "tasks.0.data_dir") -> str:
-        return f"{field}={self.a.data}"
-
     def pretrain(self, norm: str, init: str) -> Optional[Path]:
         """The pretraining run of ``init`` under ``norm`` (trained once): its weights."""
-        pre = self.out / "pretrain"
+        p, pre = PRETRAININGS[init], self.out / "pretrain"
+        data = [o.format(root=self.root(p.data)) for o in p.overrides]
         steps = [f"train.steps={self.a.pretrain_steps}"] if self.a.pretrain_steps else []
         extra: list[str] = []
         if init == "tokens":
             tokenizer = pre / "tokenizer"  # the tokenizer has no backbone norm: one for both
             with self.tokenizer_lock:  # two threads must not train the same run
-                ok = self.train(TOKENIZER, tokenizer, [self.data(), *steps, *self.a.pretrain])
+                ok = self.train(TOKENIZER, tokenizer, [*data, *steps, *self.a.pretrain])
             if not ok:
                 return None
             extra = [f"tasks.0.tokenizer={tokenizer / 'best' / 'model.safetensors'}"]
         run = pre / f"{init}-{norm}"
-        if not self.train(PRETRAIN[init], run, [self.data(), f"backbone.norm={norm}", *steps, *extra,
-                                                *self.a.pretrain]):
+        if not self.train(p.config, run, [*data, f"backbone.norm={norm}", *steps, *extra, *self.a.pretrain]):
             return None
         return run / "best" / "model.safetensors"
 
-    def finetune(self, norm: str, budget: Optional[int], init: str, seed: int, weights: Optional[Path]) -> Path:
-        run = self.out / "runs" / f"{norm}-{budget_name(budget)}-{init}-s{seed}"
-        overrides = [self.data("tasks.0.data_dir"), f"backbone.norm={norm}", f"seed={seed}",
-                     f"tasks.0.subset_seed={seed}", f"train.steps={self.a.steps}",
-                     f"tasks.0.train_per_class={'null' if budget is None else budget}",
-                     f"init_from={weights if weights is not None else 'null'}", *self.a.finetune]
-        self.train(FINETUNE, run, overrides)
-        return run
+    def cell(self, recipe: Recipe, norm: str, budget: str, init: str, seed: int) -> Path:
+        return self.out / "runs" / f"{recipe.task}-{norm}-{budget}-{init}-s{seed}"
+
+    def finetune(self, recipe: Recipe, norm: str, budget: str, init: str, seed: int, weights: Optional[Path]) -> None:
+        steps = self.a.steps or recipe.label_steps
+        seed_field = recipe.label_field.rsplit(".", 1)[0] + ".subset_seed"
+        overrides = [f"{recipe.data_field}={recipe.data_path.format(root=self.root(recipe.data))}",
+                     f"backbone.norm={norm}", f"seed={seed}", f"{seed_field}={seed}",
+                     f"{recipe.label_field}={'null' if budget == 'all' else budget}",
+                     f"init_from={weights if weights is not None else 'null'}",
+                     *([f"train.steps={steps}"] if steps else []), *self.a.finetune]
+        self.train(recipe.config, self.cell(recipe, norm, budget, init, seed), overrides)
 
 
-def top1(run_dir: Path) -> Optional[float]:
+def score(run_dir: Path, recipe: Recipe) -> Optional[float]:
     if runs.status(run_dir) != "finished":
         return None
-    return runs.last_eval(runs.read_records(run_dir))[1].get(METRIC)
+    value = runs.last_eval(runs.read_records(run_dir))[1].get(metric_key(recipe))
+    return None if value is None else value * recipe.scale
 
 
 def cell_stats(values: list[Optional[float]]) -> dict:
-    got = [100 * v for v in values if v is not None]
+    got = [v for v in values if v is not None]
     return {"mean": statistics.mean(got) if got else None,
-            "std": statistics.stdev(got) if len(got) > 1 else 0.0 if got else None,
-            "per_seed": [None if v is None else 100 * v for v in values]}
+            "std": statistics.stdev(got) if len(got) > 1 else 0.0 if got else None, "per_seed": values}
 
 
-def report(out: Path, table: dict, norms, budgets, seeds, inits, command: str) -> str:
-    """report.md, results.json and labels.png from {(norm, budget, init): cell_stats}."""
-    lines = ["# Label budgets: scratch vs pretrained (vision, demo data)", "", f"`{command}`", "",
-             f"Top-1 % on the whole val split (500 images), last evaluation; mean ± std over seeds "
-             f"{', '.join(map(str, seeds))}, per seed in brackets. Fine-tuning: `{FINETUNE}`, the same steps "
-             "in every cell.", ""]
-    head = "| norm | labels per class | " + " | ".join(INIT_LABELS[i] for i in inits) + " | gain (best pretraining) |"
-    lines += [head, "|" + "---|" * (3 + len(inits))]
-    for norm in norms:
-        for b in budgets:
-            cells = [table.get((norm, budget_name(b), i)) for i in inits]
-            text = []
-            for c in cells:
-                if c is None or c["mean"] is None:
-                    text.append("-")
-                    continue
-                seeds_text = " / ".join("-" if v is None else f"{v:.1f}" for v in c["per_seed"])
-                text.append(f"{c['mean']:.1f} ± {c['std']:.1f} ({seeds_text})")
-            base = cells[0]["mean"] if cells and cells[0] and cells[0]["mean"] is not None else None
-            best = max((c["mean"] for c in cells[1:] if c and c["mean"] is not None), default=None)
-            gain = f"{best - base:+.1f}" if base is not None and best is not None else "-"
-            lines.append(f"| {norm} | {budget_name(b)} | " + " | ".join(text) + f" | {gain} |")
-    lines += ["", "![top-1 against label budget](labels.png)", ""]
+def gain_text(base: Optional[float], best: Optional[float], higher: bool) -> str:
+    """The best pretraining against scratch: points for a score, a ratio for an error rate."""
+    if base is None or best is None:
+        return "-"
+    return f"{best - base:+.1f}" if higher else f"{best / base:.2f}x" if base else "-"
+
+
+def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]]], norms, seeds,
+           command: str) -> str:
+    """report.md, results.json and labels.png from {(task, norm, budget, init): cell_stats}; plan:
+    (recipe, budgets, inits) per task."""
+    lines = ["# Label budgets: scratch vs pretrained", "", f"`{command}`", "",
+             f"The last evaluation of each run on the task's whole evaluation set (it never changes with the "
+             f"budget); mean ± std over seeds {', '.join(map(str, seeds))}, per seed in brackets. Every cell of a "
+             "task fine-tunes with the same recipe and steps; gain = best pretraining against scratch (points, or "
+             "the ratio of error rates).", ""]
+    results = []
+    for recipe, budgets, inits in plan:
+        higher = higher_is_better(recipe)
+        lines += [f"## {recipe.task}: {recipe.metric} ({'higher' if higher else 'lower'} is better), "
+                  f"`{recipe.config}`", "",
+                  f"| norm | {recipe.label_unit} | " + " | ".join(INIT_LABELS[i] for i in inits) + " | gain |",
+                  "|" + "---|" * (3 + len(inits))]
+        for norm in norms:
+            for b in budgets:
+                cells = [table.get((recipe.task, norm, b, i)) for i in inits]
+                text = []
+                for init, c in zip(inits, cells):
+                    if c is None or c["mean"] is None:
+                        text.append("-")
+                        continue
+                    seeds_text = " / ".join("-" if v is None else f"{v:.1f}" for v in c["per_seed"])
+                    text.append(f"{c['mean']:.1f} ± {c['std']:.1f} ({seeds_text})")
+                    results.append({"task": recipe.task, "norm": norm, "budget": b, "init": init, **c})
+                means = [c["mean"] if c else None for c in cells]
+                pretrained = [m for m in means[1:] if m is not None]
+                best = (max if higher else min)(pretrained) if pretrained else None
+                lines.append(f"| {norm} | {b} | " + " | ".join(text) + f" | {gain_text(means[0], best, higher)} |")
+        lines.append("")
+    lines += ["![the metric against the label budget](labels.png)", ""]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps(
-        {"command": command, "metric": METRIC, "norms": list(norms), "budgets": [budget_name(b) for b in budgets],
-         "seeds": list(seeds), "cells": [{"norm": n, "budget": b, "init": i, **c} for (n, b, i), c in table.items()]},
-        indent=1))
-    plot(out / "labels.png", table, norms, budgets, inits)
+        {"command": command, "norms": list(norms), "seeds": list(seeds),
+         "tasks": [{"task": r.task, "metric": metric_key(r), "higher_is_better": higher_is_better(r),
+                    "budgets": b, "inits": i} for r, b, i in plan],
+         "cells": results}, indent=1))
+    plot(out / "labels.png", table, plan, norms)
     return text
 
 
-def plot(path: Path, table: dict, norms, budgets, inits) -> None:
+def plot(path: Path, table: dict, plan, norms) -> None:
     plt = pyplot()
-    fig, axes = plt.subplots(1, len(norms), figsize=(4.2 * len(norms), 3.4), squeeze=False, sharey=True)
-    colors = {"scratch": "tab:gray", "pixels": "tab:blue", "tokens": "tab:purple"}
-    xs = list(range(len(budgets)))
-    for ax, norm in zip(axes[0], norms):
-        for init in inits:
-            points = [(x, table.get((norm, budget_name(b), init))) for x, b in zip(xs, budgets)]
-            points = [(x, c) for x, c in points if c and c["mean"] is not None]
-            if not points:
-                continue
-            ax.plot([x for x, _ in points], [c["mean"] for _, c in points], "o-", color=colors[init],
-                    label=INIT_LABELS[init])
-            for x, c in points:
-                ax.plot([x] * len(c["per_seed"]), [v for v in c["per_seed"] if v is not None] or [None],
-                        ".", color=colors[init], alpha=0.5)
-        ax.set_xticks(xs, [budget_name(b) for b in budgets])
-        ax.set_xlabel("labelled images per class")
-        ax.set_title(norm)
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("val top-1 %")
-    axes[0][-1].legend(fontsize=8)
+    fig, axes = plt.subplots(len(plan), len(norms), figsize=(4.2 * len(norms), 3.2 * len(plan)), squeeze=False)
+    for row, (recipe, budgets, inits) in zip(axes, plan):
+        xs = list(range(len(budgets)))
+        for ax, norm in zip(row, norms):
+            for init in inits:
+                points = [(x, table.get((recipe.task, norm, b, init))) for x, b in zip(xs, budgets)]
+                points = [(x, c) for x, c in points if c and c["mean"] is not None]
+                if not points:
+                    continue
+                ax.plot([x for x, _ in points], [c["mean"] for _, c in points], "o-", color=COLORS[init],
+                        label=INIT_LABELS[init])
+                for x, c in points:
+                    seeds = [v for v in c["per_seed"] if v is not None]
+                    ax.plot([x] * len(seeds), seeds, ".", color=COLORS[init], alpha=0.5)
+            ax.set_xticks(xs, budgets)
+            ax.set_xlabel(recipe.label_unit)
+            ax.set_title(f"{recipe.task}, {norm}")
+            ax.grid(alpha=0.3)
+        row[0].set_ylabel(f"{recipe.metric} ({'higher' if higher_is_better(recipe) else 'lower'} is better)")
+        row[-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -188,82 +259,107 @@ def plot(path: Path, table: dict, norms, budgets, inits) -> None:
 
 EXAMPLES = """\
 examples:
-  foundation data make vision --out data/vision-demo
-  foundation compare labels --quick                    # one seed, 10 per class, scratch vs pixel MIM (16 min)
-  foundation compare labels --seeds 0,1 --jobs 2       # the whole study
-  foundation compare labels --inits scratch,pixels --norms magneto --budgets 10,100,all
+  foundation data make vision --out data/vision-demo    # and segmentation, speech, vl as needed
+  foundation compare labels --quick                    # vision: one seed, 10 per class, scratch vs pixel MIM
+  foundation compare labels --tasks classification --seeds 0,1 --jobs 2
+  foundation compare labels --tasks asr,vqa --seeds 0,1 --budgets 0.1,all
+  foundation compare labels --tasks classification --inits pixels --norms magneto --budgets 10,100,all
 """
 
 
 def main(argv: Sequence[str]) -> int:
+    from foundation.engine.demo_cli import demo_data_sets
+
+    recipes = {r.task: r for r in label_recipes()}
     p = argparse.ArgumentParser(prog="foundation compare labels", formatter_class=argparse.RawDescriptionHelpFormatter,
                                 description=__doc__.split("\n\n")[0].replace("``", "`"), epilog=EXAMPLES)
-    p.add_argument("--data", default="data/vision-demo", help="ImageNet-layout folder (default data/vision-demo)")
+    p.add_argument("--data", default="data", help="the folder holding the demo data sets, each in the folder its "
+                   "`foundation data make` writes by default (vision-demo, ade-demo, speech-demo, vl)")
     p.add_argument("--out", default="runs/compare-labels")
+    p.add_argument("--tasks", default=None, help=f"comma-separated, of {', '.join(recipes)} (default: all; "
+                   "--quick: classification)")
     p.add_argument("--norms", default="preln,magneto")
     p.add_argument("--seeds", default="0,1", help="fine-tuning (and label subset) seeds")
-    p.add_argument("--budgets", default="10,100,all", help="labelled images per class; 'all' = every image")
-    p.add_argument("--inits", default=",".join(INITS), help=f"comma-separated, of {', '.join(INITS)}")
-    p.add_argument("--steps", type=int, default=1100, help="fine-tuning steps in every cell (default 1100)")
+    p.add_argument("--budgets", default=None, help="labelled images per class (classification) or fractions "
+                   "(the others); 'all' = every label. Default: each task's own")
+    p.add_argument("--inits", default=None, help="pretrainings to fine-tune from, of "
+                   f"{', '.join(PRETRAININGS)} (scratch always runs). Default: each task's own")
+    p.add_argument("--steps", type=int, default=None, help="fine-tuning steps in every cell (default: the task's)")
     p.add_argument("--pretrain-steps", type=int, default=None, help="default: the pretraining configs' own")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     p.add_argument("--pretrain", nargs="*", default=[], metavar="key=value", help="overrides of the pretraining runs")
     p.add_argument("--finetune", nargs="*", default=[], metavar="key=value", help="overrides of the fine-tuning runs")
-    p.add_argument("--quick", action="store_true",
-                   help="one seed, 10 per class, scratch and the pixel target, 3000 pretraining / 500 fine-tuning steps")
+    p.add_argument("--quick", action="store_true", help="one seed, classification at 10 labels per class from "
+                   "scratch and from the pixel target (3000 pretraining, 500 fine-tuning steps), unless --tasks says "
+                   "otherwise: each task's scarcest budget and first pretraining")
     a = p.parse_args(list(argv))
     try:
+        tasks = a.tasks or ("classification" if a.quick else ",".join(recipes))
+        names = [t.strip() for t in tasks.split(",") if t.strip()]
+        unknown = [t for t in names if t not in recipes]
+        if unknown or not names:
+            raise ValueError(f"--tasks: unknown {', '.join(unknown)}; known: {', '.join(recipes)}")
         norms = parse_norms(a.norms)
-        seeds = parse_ints(a.seeds, "--seeds", "0,1")
-        budgets = parse_budgets(a.budgets)
-        inits = [i.strip() for i in a.inits.split(",") if i.strip()]
-        bad = [i for i in inits if i not in INITS]
-        if bad or not inits:
-            raise ValueError(f"--inits: unknown {', '.join(bad)}; known: {', '.join(INITS)}")
+        seeds = parse_ints(a.seeds, "--seeds", "0,1")[:1 if a.quick else None]
+        wanted = None if a.inits is None else [i.strip() for i in a.inits.split(",") if i.strip()]
+        bad = [i for i in wanted or [] if i not in PRETRAININGS and i != "scratch"]
+        if bad:
+            raise ValueError(f"--inits: unknown {', '.join(bad)}; known: {', '.join(PRETRAININGS)}")
+        plan = []
+        for name in names:
+            r = recipes[name]
+            budgets = parse_budgets(a.budgets, r) if a.budgets else list(r.label_budgets)
+            inits = [i for i in r.pretrainings if wanted is None or i in wanted]
+            if a.quick:
+                budgets, inits = budgets[:1], inits[:1]
+            plan.append((r, budgets, ["scratch", *inits]))
     except ValueError as e:
         print(f"foundation compare labels: error: {e}", file=sys.stderr)
         return 2
     if a.quick:
-        seeds, budgets, inits = seeds[:1], [10], ["scratch", "pixels"]
-        a.pretrain_steps, a.steps = a.pretrain_steps or 3000, 500
-    if not (Path(a.data) / "train").is_dir():
-        print(f"foundation compare labels: error: {a.data}/train: no such folder "
-              f"(foundation data make vision --out {a.data})", file=sys.stderr)
-        return 2
+        a.pretrain_steps = a.pretrain_steps or 3000
+    folders = {name: d.folder for name, d in demo_data_sets().items()}
+    needed = {r.data for r, _, _ in plan} | {PRETRAININGS[i].data for _, _, inits in plan for i in inits[1:]}
+    for data in sorted(needed):
+        if not (Path(a.data) / folders[data]).is_dir():
+            print(f"foundation compare labels: error: {Path(a.data) / folders[data]}: no such folder "
+                  f"(foundation data make {data} --out {Path(a.data) / folders[data]})", file=sys.stderr)
+            return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    study = Study(a)
+    study = Study(a, folders)
     command = "foundation compare labels " + " ".join(argv)
-    cells = [(n, b, i, s) for n in norms for i in inits for b in budgets for s in seeds]
-    print(f"{len(norms) * (len(inits) - ('scratch' in inits))} pretraining runs, {len(cells)} fine-tuning runs, "
-          f"{a.jobs} at a time -> {a.out}/", flush=True)
+    pretrainings = sorted({(n, i) for _, _, inits in plan for i in inits[1:] for n in norms})
+    cells = [(r, n, b, i, s) for r, budgets, inits in plan for n in norms for i in inits for b in budgets
+             for s in seeds]
+    print(f"{len(pretrainings)} pretraining runs, {len(cells)} fine-tuning runs, {a.jobs} at a time -> {a.out}/",
+          flush=True)
     weights: dict[tuple[str, str], Optional[Path]] = {}
-    done = {(n, i): threading.Event() for n in norms for i in inits}
+    done = {k: threading.Event() for k in pretrainings}
 
     def pretrain(key: tuple[str, str]) -> None:
-        norm, init = key
         try:
-            weights[key] = None if init == "scratch" else study.pretrain(norm, init)
+            weights[key] = study.pretrain(*key)
         finally:
             done[key].set()
 
     def finetune(cell) -> None:
-        norm, budget, init, seed = cell
-        done[norm, init].wait()
-        if init != "scratch" and weights.get((norm, init)) is None:
-            return  # its pretraining failed (said in the summary)
-        study.finetune(norm, budget, init, seed, weights.get((norm, init)))
+        recipe, norm, budget, init, seed = cell
+        if init != "scratch":
+            done[norm, init].wait()
+            if weights.get((norm, init)) is None:
+                return  # its pretraining failed (said in the summary)
+        study.finetune(recipe, norm, budget, init, seed, weights.get((norm, init)))
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         # pretrainings first, scratch cells meanwhile; a fine-tuning waits for its pretraining
-        jobs = [pool.submit(pretrain, k) for k in done]
-        jobs += [pool.submit(finetune, c) for c in sorted(cells, key=lambda c: c[2] != "scratch")]
+        jobs = [pool.submit(pretrain, k) for k in pretrainings]
+        jobs += [pool.submit(finetune, c) for c in sorted(cells, key=lambda c: c[3] != "scratch")]
         for j in jobs:
             j.result()
-    table = {(n, budget_name(b), i): cell_stats([top1(study.out / "runs" / f"{n}-{budget_name(b)}-{i}-s{s}")
-                                                 for s in seeds])
-             for n in norms for b in budgets for i in inits}
+    table = {(r.task, n, b, i): cell_stats([score(study.cell(r, n, b, i, s), r) for s in seeds])
+             for r, budgets, inits in plan for n in norms for b in budgets for i in inits}
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    print(report(Path(a.out), table, norms, budgets, seeds, inits, command))
+    print(report(Path(a.out), table, plan, norms, seeds, command))
     for f in study.failed:
         print(f"failed: {f}", file=sys.stderr)
     return 1 if study.failed else 0

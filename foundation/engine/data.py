@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import torch
@@ -58,6 +58,21 @@ def item_seed(index: int, train: bool = True) -> int:
     else:
         base = EVAL_SEED_BASE
     return int(np.random.SeedSequence([base, index]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def labelled_fraction(n: int, fraction: Optional[float], seed: int, what: str = "items") -> list[int]:
+    """The indices of a label budget: ``fraction`` of ``n`` training items (at least one), drawn by
+    a permutation seeded by ``seed`` alone, so the same seed picks the same items on any machine
+    and budgets nest (a seed's 10 % are among its 50 %). ``None`` keeps every item. Sorted, so
+    the data order stays a function of the training seed only."""
+    if fraction is None:
+        return list(range(n))
+    if not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"field 'train_fraction': must be in (0, 1] or null (got {fraction!r})")
+    if n == 0:
+        raise ConfigError(f"field 'train_fraction': no training {what} to draw a fraction from")
+    keep = max(1, round(fraction * n))
+    return sorted(np.random.default_rng([seed, 0x1ABE1]).permutation(n)[:keep].tolist())
 
 
 def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What a task declares about its tiny recipe for the studies (``foundation_tasks/<task>/recipe.py``).
 
-A task that wants to take part in ``foundation demo``, ``foundation compare pretraining`` or
-``foundation compare stability`` puts ``RECIPE = Recipe(...)`` in its own ``recipe.py``, next to its configs; the studies find
+A task that wants to take part in ``foundation demo``, ``foundation compare pretraining``,
+``foundation compare labels`` or ``foundation compare stability`` puts ``RECIPE = Recipe(...)`` in its own ``recipe.py``, next to its configs; the studies find
 it by name (``foundation_tasks.<task>.recipe``), so no table elsewhere lists the tasks. Plain data: the
 engine itself never reads it.
 """
@@ -39,6 +39,13 @@ class Recipe:
     stability_metric: str = ""  # the study's metric if not `metric` (same direction), e.g. a loss where a short run cannot reach the metric
     before: tuple[str, ...] = ()  # a run every run needs first (config, overrides with {root} = data folder),
     before_override: str = ""  # trained once per study; this override hands it over ({run} = its run directory)
+    # `foundation compare labels`: fine-tuning at label budgets, from scratch and from each named
+    # pretraining (studies.labels.PRETRAININGS); () = not in that study
+    label_field: str = ""  # the config field of the budget: train_per_class (vision) | train_fraction
+    label_budgets: tuple[str, ...] = ()  # the study's budgets, scarcest first; "all" = every label
+    label_unit: str = ""  # what a budget counts, for the tables and figures
+    pretrainings: tuple[str, ...] = ()
+    label_steps: int = 0  # fine-tuning steps in every cell (0: the config's own)
 
     @property
     def stage_name(self) -> str:

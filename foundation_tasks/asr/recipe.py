@@ -9,4 +9,6 @@ RECIPE = Recipe(
     # per utterance. CTC + transducer from the first step: the divergence rule compares the training loss with
     # the first step's, which a transducer loss switched on mid-run (the recipe's rnnt_start) would trip
     stability_steps=120, stability_overrides=("tasks.asr.rnnt_start=0",), stability_metric="loss",
+    label_field="tasks.asr.train_fraction", label_budgets=("0.1", "all"),
+    label_unit="fraction of the transcribed utterances", pretrainings=("best_rq",),
 )

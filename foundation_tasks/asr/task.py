@@ -8,13 +8,14 @@ from typing import List, Optional
 import torch
 
 from foundation.config import ConfigError
+from foundation.engine.data import labelled_fraction
 from foundation.engine.task import register_task
 from foundation_tasks.asr.data import BucketDataset, collate, length_buckets
 from foundation_tasks.asr.decode import SEARCH_TYPES, beam_search, greedy_search
 from foundation_tasks.asr.metrics import asr_metrics, split_sums
 from foundation_tasks.asr.model import TransducerHead
 from foundation_tasks.asr.tokenizer import Tokenizer, TranscriptError, train_tokenizer
-from foundation_tasks.speech_common.corpus import SpeechDataError
+from foundation_tasks.speech_common.corpus import SpeechDataError, Utterance
 from foundation_tasks.speech_common.features import audio_frames
 from foundation_tasks.speech_common.task import SpeechFields, SpeechTask, check_speech_fields
 
@@ -35,6 +36,11 @@ class ASRConfig(SpeechFields):
     max_frames: int = 40000  # length buckets: batch size x longest utterance (10 ms frames), ESPnet's batch_bins
     cmvn_max_utterances: int = 10000  # CMVN statistics from up to this many training utterances (evenly spread)
     cache_features: bool = False  # keep filterbanks in memory (small corpora)
+    # a label budget: train on this fraction of the transcribed training utterances (evaluation
+    # splits are never subset), drawn by subset_seed and nested across fractions
+    # (foundation.engine.data.labelled_fraction); the tokenizer learns from those transcripts only
+    train_fraction: Optional[float] = None
+    subset_seed: int = 0
     # model (sizes of the 18L / 36L T-T: 80M / 140M parameters with a 512-dim backbone)
     vgg_channels: List[int] = field(default_factory=lambda: [64, 128])
     predictor_embed_dim: int = 512
@@ -69,6 +75,8 @@ class ASRConfig(SpeechFields):
                      "joint_dim", "aux_mlp_dim", "beam_size", "max_symbols_per_frame"):
             if getattr(self, name) < 1:
                 raise bad(name, "must be >= 1")
+        if self.train_fraction is not None and not 0 < self.train_fraction <= 1:
+            raise bad("train_fraction", "must be in (0, 1] or null (every utterance)")
         if self.rnnt_start > 0 and self.ctc_weight <= 0:
             raise bad("rnnt_start", "CTC alone comes first: it needs ctc_weight > 0")
         for name in ("ctc_weight", "rnnt_start", "aux_transducer_weight", "joint_sub_batch", "freq_masks",
@@ -85,7 +93,8 @@ class ASRConfig(SpeechFields):
 
     @property
     def tokenizer_path(self) -> Path:
-        return self.prep_path / f"unigram{self.vocab_size}.model"
+        budget = "" if self.train_fraction is None else f"-frac{self.train_fraction:g}-s{self.subset_seed}"
+        return self.prep_path / f"unigram{self.vocab_size}{budget}.model"
 
 
 @register_task("asr")
@@ -116,14 +125,14 @@ class ASR(SpeechTask):
             self.utterances(split)
         self.prepare()
         # every utterance now, not at the first evaluation: audio headers and transcripts
-        self._dataset(c.train_splits)
-        self._dataset(c.eval_splits)
+        self.train_dataset()
+        self.eval_dataset()
 
     def prepare(self) -> None:
         """Train the tokenizer and compute the CMVN statistics once (ESPnet's stages 4-5)."""
         c = self.cfg
         if not c.tokenizer_path.is_file():
-            texts = [u.text for u in self.train_utterances()]
+            texts = [u.text for u in self.labelled_utterances()]
             self.say(f"training a sentencepiece unigram tokenizer ({c.vocab_size} units) on {len(texts)} "
                      f"transcripts -> {c.tokenizer_path}")
             try:
@@ -144,13 +153,22 @@ class ASR(SpeechTask):
                                   f"the config says {self.cfg.vocab_size}")
         return self._tokenizer
 
-    def _dataset(self, splits: list[str]) -> BucketDataset:
-        """Every utterance checked (audio header, transcript) before any training."""
+    def labelled_utterances(self) -> list[Utterance]:
+        """The training utterances whose transcripts are used: all, or the label budget's."""
+        utts = self.train_utterances()
+        return [utts[i] for i in labelled_fraction(len(utts), self.cfg.train_fraction, self.cfg.subset_seed,
+                                                   "utterances")]
+
+    def _dataset(self, splits: list[str], keep: Optional[set[str]] = None) -> BucketDataset:
+        """Every utterance checked (audio header, transcript) before any training; ``keep``: only
+        these utterance ids."""
         c = self.cfg
         utts, buckets = {}, []
         for k, split in enumerate(splits):
             lengths = {}
             for u in self.utterances(split):
+                if keep is not None and u.id not in keep:
+                    continue
                 if u.id in utts:
                     raise ConfigError(f"utterance {u.id}: appears twice (splits {splits[utts[u.id][2]]} and {split})")
                 try:
@@ -162,7 +180,8 @@ class ASR(SpeechTask):
         return BucketDataset(utts, buckets, self.features, cache=c.cache_features)
 
     def train_dataset(self) -> BucketDataset:
-        return self._dataset(self.cfg.train_splits)
+        keep = None if self.cfg.train_fraction is None else {u.id for u in self.labelled_utterances()}
+        return self._dataset(self.cfg.train_splits, keep)
 
     def eval_dataset(self) -> BucketDataset:
         return self._dataset(self.cfg.eval_splits)

@@ -18,7 +18,7 @@ in the batch, keeping each image's resized and original size.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from PIL import Image
@@ -109,15 +109,18 @@ def ade20k(root: str | Path, split: str, pipeline: list[dict], num_classes: int 
 
 class SegDataset(Dataset):
     """An mmseg dataset for the engine: mmseg's items (``inputs``, ``data_samples``) plus
-    ``split`` ("train" | "eval"), which tells the collate function how to batch them."""
+    ``split`` ("train" | "eval"), which tells the collate function how to batch them;
+    ``indices`` keeps only those images (a label budget)."""
 
-    def __init__(self, dataset: ADE20KDataset, split: str):
+    def __init__(self, dataset: ADE20KDataset, split: str, indices: Optional[Sequence[int]] = None):
         self.dataset, self.split = dataset, split
+        self.indices = list(range(len(dataset))) if indices is None else list(indices)
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(self.indices)
 
     def __getitem__(self, i: int) -> dict:
+        i = self.indices[i]
         try:
             return {**self.dataset[i], "split": self.split}
         except (AnnotationError, ImageDataError):

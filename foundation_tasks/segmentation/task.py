@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from foundation.config import ConfigError
 from foundation.embed import POS_INITS
+from foundation.engine.data import labelled_fraction
 from foundation.engine.task import Task, register_task
 from foundation_tasks.segmentation.data import (ADE_PALETTE, MEAN, STD, SegDataset, TrainCollate, ade20k, check_layout,
                                      class_names, eval_collate, eval_pipeline, train_pipeline)
@@ -50,6 +51,10 @@ class SegmentationConfig:
     photometric: bool = True  # PhotoMetricDistortion
     test_mode: str = "slide"  # slide | whole
     test_stride: Optional[int] = None  # sliding window stride; default 2/3 of img_size (426 for 640)
+    # a label budget: train on this fraction of the annotated images (the validation set is never
+    # subset), drawn by subset_seed; nested across fractions (foundation.engine.data.labelled_fraction)
+    train_fraction: Optional[float] = None
+    subset_seed: int = 0
 
     def __post_init__(self) -> None:
         def bad(name: str, msg: str) -> ConfigError:
@@ -68,6 +73,8 @@ class SegmentationConfig:
             raise bad("aux_weight", "must be >= 0")
         if self.pos_embed_init not in POS_INITS:
             raise bad("pos_embed_init", f"must be one of {', '.join(POS_INITS)}")
+        if self.train_fraction is not None and not 0 < self.train_fraction <= 1:
+            raise bad("train_fraction", "must be in (0, 1] or null (every image)")
         if self.test_mode not in TEST_MODES:
             raise bad("test_mode", f"must be one of {', '.join(TEST_MODES)}")
         if self.test_stride is not None and not 1 <= self.test_stride <= self.img_size:
@@ -126,7 +133,8 @@ class Segmentation(Task):
     def train_dataset(self) -> SegDataset:
         c = self.cfg
         pipeline = train_pipeline(c.img_size, c.num_classes, c.ratio_range, c.cat_max_ratio, c.photometric)
-        return SegDataset(ade20k(c.data_root, "train", pipeline, c.num_classes), "train")
+        data = ade20k(c.data_root, "train", pipeline, c.num_classes)
+        return SegDataset(data, "train", labelled_fraction(len(data), c.train_fraction, c.subset_seed, "images"))
 
     def eval_dataset(self) -> SegDataset:
         c = self.cfg

@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 import torch
 
 from foundation.config import ConfigError
+from foundation.engine.data import labelled_fraction
 from foundation.engine.task import SharedModules, register_task
 from foundation_tasks.vl_common.objects import Objects, read_objects
 from foundation_tasks.vl_common.task import VLConfig, VLTask
@@ -50,6 +51,12 @@ class VQAConfig(VLConfig):
     answer_type_weights: Dict[str, float] = field(default_factory=dict)
     max_train_questions: Optional[int] = None  # the first N (quick runs)
     max_eval_questions: Optional[int] = None
+    # a label budget: train on this fraction of the training questions (the evaluation split is
+    # never subset), drawn by subset_seed and nested across fractions (foundation.engine.data.
+    # labelled_fraction); the answer vocabulary and the object labels come from those questions
+    # and their images only
+    train_fraction: Optional[float] = None
+    subset_seed: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -57,6 +64,8 @@ class VQAConfig(VLConfig):
             raise ConfigError(f"field 'out_of_vocab': must be error or skip (got {self.out_of_vocab!r})")
         if self.min_answer_count < 1:
             raise ConfigError(f"field 'min_answer_count': must be >= 1 (got {self.min_answer_count})")
+        if self.train_fraction is not None and not 0 < self.train_fraction <= 1:
+            raise ConfigError(f"field 'train_fraction': must be in (0, 1] or null (got {self.train_fraction!r})")
         if not self.answers:
             self.answers = self._answers()
         if self.object_annotations is not None and not self.object_categories:
@@ -85,6 +94,12 @@ class VQAConfig(VLConfig):
                               f"({len(objects.categories)} vs {len(self.object_categories)})")
         return objects
 
+    def labelled(self, questions: list) -> list:
+        """The training questions of the label budget (all of them without one)."""
+        questions = questions[:self.max_train_questions]
+        return [questions[i] for i in labelled_fraction(len(questions), self.train_fraction, self.subset_seed,
+                                                        "questions")]
+
     def _answers(self) -> List[str]:
         if self.answer_vocab is not None:
             return read_answer_list(self.answer_vocab)
@@ -92,12 +107,17 @@ class VQAConfig(VLConfig):
             raise ConfigError("field 'data_dir': set it to the VQA v2 root (`foundation data make vl --out DIR` "
                               "writes a demo one to DIR/vqa); the answer vocabulary is built from its train split")
         splits = self.vocab_splits or [self.train_split]
-        questions = [q for split in splits for q in read_split(self.annotations, self.data_dir, split, self.image_pattern)]
+        questions = [q for split in splits for q in self._vocab_questions(split)]
         answers = answer_vocabulary(questions, self.min_answer_count)
         if not answers:
             raise ConfigError(f"field 'min_answer_count': no answer of {', '.join(splits)} is seen "
                               f"{self.min_answer_count} times")
         return answers
+
+    def _vocab_questions(self, split: str) -> list:
+        questions = read_split(self.annotations, self.data_dir, split, self.image_pattern)
+        # a label budget's answers are the only training labels there are
+        return self.labelled(questions) if split == self.train_split and self.train_fraction is not None else questions
 
 
 @register_task("vqa")
@@ -132,7 +152,8 @@ class VQA(VLTask):
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> VQADataset:
         c = self.cfg
-        questions = read_split(c.annotations, c.data_dir, split, c.image_pattern)[:limit]
+        questions = read_split(c.annotations, c.data_dir, split, c.image_pattern)
+        questions = c.labelled(questions) if train else questions[:limit]
         transform = self.image_transform(train)
         objects = None
         if train and c.object_annotations is not None:

@@ -4,30 +4,37 @@ from __future__ import annotations
 
 import json
 
-
 from studies import labels
 
 
 def test_label_budget_study_from_nothing(tmp_path, capsys):
     from foundation_tasks.classification import demo
+    from foundation_tasks.segmentation import demo as seg_demo
 
     data = tmp_path / "data"
-    demo.write_dataset(data, seed=0, size=32, train_per_class=4, val_per_class=2, num_classes=10)
-    argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--norms", "magneto", "--seeds", "0",
-            "--budgets", "2,all", "--steps", "2", "--pretrain-steps", "2", "--jobs", "2",
-            "--finetune", "train.batch_size=8", "eval.batch_size=20", "--pretrain", "train.batch_size=8"]
+    demo.write_dataset(data / "vision-demo", seed=0, size=32, train_per_class=4, val_per_class=2, num_classes=10)
+    seg_demo.write(data / "ade-demo", seed=0, n_train=10, n_val=2, height=48, width=64)
+    argv = ["--data", str(data), "--out", str(tmp_path / "out"), "--tasks", "classification,segmentation",
+            "--norms", "magneto", "--seeds", "0", "--budgets", "2,all", "--steps", "2", "--pretrain-steps", "2",
+            "--jobs", "2", "--finetune", "train.batch_size=8", "eval.batch_size=20", "--pretrain", "train.batch_size=8"]
+    assert labels.main(argv) == 2  # 2 is no fraction of the masks
+    assert "--budgets: '2' is neither a fraction in (0, 1] (segmentation)" in capsys.readouterr().err
+    argv[argv.index("2,all")] = "1,all"  # one image per class; every mask
     assert labels.main(argv) == 0
     out = tmp_path / "out"
     results = json.loads((out / "results.json").read_text())
-    cells = {(c["budget"], c["init"]): c for c in results["cells"]}
-    assert set(cells) == {(b, i) for b in ("2", "all") for i in labels.INITS}
+    cells = {(c["task"], c["budget"], c["init"]): c for c in results["cells"]}
+    assert set(cells) == ({("classification", b, i) for b in ("1", "all") for i in ("scratch", "pixels", "tokens")}
+                          | {("segmentation", b, i) for b in ("1", "all") for i in ("scratch", "pixels")})
     assert all(c["mean"] is not None and 0 <= c["mean"] <= 100 for c in cells.values())
     report = (out / "report.md").read_text()
-    assert "| magneto | 2 |" in report and "MIM, pixel target" in report
+    assert "| magneto | 1 |" in report and "MIM, pixel target" in report and "## segmentation: mIoU" in report
     assert (out / "labels.png").stat().st_size > 10_000
-    ft = (out / "runs" / "magneto-2-pixels-s0" / "config.yaml").read_text()
-    assert "train_per_class: 2" in ft and "subset_seed: 0" in ft and "pretrain/pixels-magneto" in ft
-    assert (out / "pretrain" / "tokenizer" / "status.json").is_file()
+    ft = (out / "runs" / "classification-magneto-1-pixels-s0" / "config.yaml").read_text()
+    assert "train_per_class: 1" in ft and "subset_seed: 0" in ft and "pretrain/pixels-magneto" in ft
+    seg = (out / "runs" / "segmentation-magneto-1-pixels-s0" / "config.yaml").read_text()
+    assert "train_fraction: 1" in seg and "pretrain/pixels-magneto" in seg  # one vision pretraining for both
+    assert sorted(p.name for p in (out / "pretrain").iterdir()) == ["pixels-magneto", "tokenizer", "tokens-magneto"]
     capsys.readouterr()
     assert labels.main(argv) == 0  # again: every run is read, none retrained
     assert "training ..." not in capsys.readouterr().out
@@ -38,3 +45,7 @@ def test_bad_arguments_are_one_line(capsys):
     assert "--budgets: 'ten'" in capsys.readouterr().err
     assert labels.main(["--inits", "scratch,clip"]) == 2
     assert "unknown clip" in capsys.readouterr().err
+    assert labels.main(["--tasks", "nlvr2"]) == 2
+    assert "--tasks: unknown nlvr2" in capsys.readouterr().err
+    assert labels.main(["--tasks", "asr", "--data", "nowhere"]) == 2
+    assert "nowhere/speech-demo: no such folder (foundation data make speech" in capsys.readouterr().err
