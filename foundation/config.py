@@ -90,7 +90,8 @@ def load_yaml(cls: Type[T], path: str | Path, overrides: Sequence[str] | None = 
 
 
 def apply_override(raw: DictConfig, item: str, where: str = "command line") -> None:
-    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists).
+    """``key=value`` onto the raw YAML tree; the value is parsed as YAML (numbers, null, lists),
+    but a boolean keeps its text, which the field's type converts (``run_name=off`` is "off").
     ``~key`` deletes the key (or the task entry ``~tasks.<id>``), as Hydra's delete override.
     An entry of a top-level list of named mappings is addressed by its index or its ``id`` /
     ``name`` (``tasks.0.problem=sort`` or ``tasks.seq2seq.problem=sort``)."""
@@ -113,6 +114,10 @@ def apply_override(raw: DictConfig, item: str, where: str = "command line") -> N
         return
     try:
         parsed = OmegaConf.from_dotlist([f"value={value}"])["value"]
+        if isinstance(parsed, bool):
+            # YAML 1.1 reads off / yes / on / true as booleans: the text is kept, so that a
+            # string field (run_name=off) gets it as written and a bool field converts it
+            parsed = value.strip()
         OmegaConf.update(raw, ".".join(parts), parsed, merge=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{where}: override {item!r}: {str(e).splitlines()[0]}") from None

@@ -15,12 +15,17 @@ returns ``{section: {key: value}}`` (JSON values, or ``bytes`` such as a sentenc
 model), written as JSON into the metadata (``foundation.meta``; bytes base64-encoded).
 ``read_meta(path)`` gives it back, and ``load`` keeps it on the model as ``saved_meta``
 (a model rebuilt from a file writes the same metadata again when it is saved).
+
+A file is data, not trusted: ``load`` and ``read_config`` build the config's model on the
+meta device first and refuse, in one ``CheckpointError`` line, a config whose tensors are
+not exactly the file's (``_check_fits``), so a forged ``dim: 32768`` allocates nothing.
 """
 from __future__ import annotations
 
 import base64
 import importlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -143,13 +148,15 @@ def _unshared(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _open(path: Path) -> tuple[dict[str, str], Callable[[], dict[str, torch.Tensor]]]:
-    """(metadata, read-all-tensors) of a safetensors file; errors name the file."""
+def _open(path: Path) -> tuple[dict[str, str], dict[str, tuple[int, ...]], Callable[[], dict[str, torch.Tensor]]]:
+    """(metadata, tensor shapes, read-all-tensors) of a safetensors file, the first two from
+    its header alone; errors name the file."""
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             metadata = f.metadata() or {}
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"{path}: not a readable safetensors file ({e})") from None
 
@@ -160,7 +167,7 @@ def _open(path: Path) -> tuple[dict[str, str], Callable[[], dict[str, torch.Tens
         except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"{path}: could not read the tensors ({e})") from None
 
-    return metadata, tensors
+    return metadata, shapes, tensors
 
 
 def _encode_meta(extra: Mapping[str, Any]) -> str:
@@ -189,15 +196,18 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     """``{section: {key: value}}`` that the model's ``export_meta()`` wrote into the file
     (bytes values come back as bytes); {} for a file without it."""
     path = Path(path)
-    metadata, _ = _open(path)
+    metadata, _, _ = _open(path)
     return _decode_meta(path, metadata[META_EXTRA]) if META_EXTRA in metadata else {}
 
 
 def read_config(path: str | Path) -> tuple[str, Any]:
-    """(model kind, validated config) stored in a checkpoint, without reading weights."""
+    """(model kind, validated config) stored in a checkpoint, without reading weights; the
+    config is checked against the file's tensor shapes (``_check_fits``)."""
     path = Path(path)
-    metadata, _ = _open(path)
-    return _config_from_metadata(path, metadata)
+    metadata, shapes, _ = _open(path)
+    kind_name, config = _config_from_metadata(path, metadata)
+    _check_fits(path, kind_name, config, shapes)
+    return kind_name, config
 
 
 def _config_from_metadata(path: Path, metadata: Mapping[str, str]) -> tuple[str, Any]:
@@ -231,11 +241,46 @@ def _config_from_metadata(path: Path, metadata: Mapping[str, str]) -> tuple[str,
     return kind_name, config
 
 
+# elements of buffers that a model builds but never saves (index tables) which a file's
+# config may ask for beyond what the file holds
+_MAX_UNSAVED = 2 ** 24
+
+
+def _check_fits(path: Path, kind_name: str, config: Any, shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """One ``CheckpointError`` line unless ``config`` builds exactly the file's tensors, found
+    before anything is allocated: a forged config (``dim: 32768`` over a 0.7 MB file) would
+    otherwise ask for gigabytes before its weights were found not to fit. The model is built
+    on the meta device (shapes, no memory); the header's shapes are bounded by the file's
+    size, so a model that passes holds no more than its file (and ``_MAX_UNSAVED``)."""
+    backbone = _backbone_config(config)
+    layers = backbone.depth + (backbone.decoder_depth or 0) if backbone is not None else 0
+    if layers > len(shapes):  # every layer has weights: refused before building a module per layer
+        raise CheckpointError(f"{path}: its config asks for {layers} backbone layers, but the file holds "
+                              f"{len(shapes)} tensors in all")
+    with torch.device("meta"), torch.random.fork_rng(devices=[]):  # the caller's RNG as if never built
+        model = MODEL_KINDS[kind_name].model_cls(config)
+    own = {k: tuple(t.shape) for k, t in model.state_dict().items()}
+    wrong = [f"{k}: the config builds {own[k]}, the file holds {shapes[k]}" for k in own
+             if k in shapes and own[k] != shapes[k]]
+    wrong += [f"{k}: the config builds {own[k]}, the file has no such tensor" for k in own if k not in shapes]
+    wrong += [f"{k}: in the file {shapes[k]}, the config builds no such tensor" for k in shapes if k not in own]
+    if wrong:
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise CheckpointError(f"{path}: the {kind_name} config in its metadata does not fit its tensors: "
+                              f"{wrong[0]}{more}")
+    unsaved = sum(b.numel() for name, b in model.named_buffers() if name not in own)
+    if unsaved > _MAX_UNSAVED + sum(math.prod(s) for s in shapes.values()):
+        raise CheckpointError(f"{path}: its {kind_name} config builds {unsaved} buffer elements it never saves, "
+                              "more than the whole file holds")
+
+
 def load(path: str | Path, device: str | torch.device | None = None) -> nn.Module:
-    """Build the model a checkpoint describes and load its weights (strictly)."""
+    """Build the model a checkpoint describes and load its weights (strictly); the config is
+    checked against the file's tensor shapes first (``_check_fits``)."""
     path = Path(path)
-    metadata, tensors = _open(path)
+    metadata, shapes, tensors = _open(path)
     kind_name, config = _config_from_metadata(path, metadata)
+    _check_fits(path, kind_name, config, shapes)
     model = MODEL_KINDS[kind_name].model_cls(config)
     load_state_into(model, tensors(), where=str(path))
     model.saved_meta = _decode_meta(path, metadata[META_EXTRA]) if META_EXTRA in metadata else {}
@@ -258,7 +303,7 @@ def load_state_into(
     """
     if isinstance(source, (str, Path)):
         where = where or str(source)
-        metadata, tensors = _open(Path(source))
+        metadata, _, tensors = _open(Path(source))
         saved_config = _config_from_metadata(Path(source), metadata)[1] if META_CONFIG in metadata else None
         state = tensors()
     else:

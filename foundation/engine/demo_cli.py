@@ -1,7 +1,8 @@
 """The command line every demo data generator shares (``foundation data make NAME``, one
-``main(argv)`` per task that owns a demo data set): the parser with ``--out`` and
-``--seed``, refusing or replacing a non-empty output directory, timing the write, and
-errors printed as ``foundation data make NAME: ...`` with exit status 2.
+``main(argv)`` per task that owns a demo data set): the parser with ``--out``, ``--force``
+and ``--seed``, refusing a non-empty, unwritable or non-folder output directory (or
+replacing a non-empty one with ``--force``, the one flag of every generator), timing the
+write, and errors printed as ``foundation data make NAME: ...`` with exit status 2.
 
 The generators themselves (what they draw, synthesise and write) stay in their tasks. A
 generator declares its data set in its own ``demo.py``, found by convention like tasks and
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
+import os
 import shutil
 import sys
 import time
@@ -50,9 +52,11 @@ def demo_data_sets() -> dict[str, DemoData]:
 
 def demo_parser(name: str, description: str, *, out_help: str = "output directory",
                 **kwargs: Any) -> argparse.ArgumentParser:
-    """``foundation data make NAME``'s parser, with ``--out`` (required) and ``--seed`` (0)."""
+    """``foundation data make NAME``'s parser, with ``--out`` (required), ``--force`` (replace
+    a non-empty ``--out``, see ``free_out``) and ``--seed`` (0)."""
     p = argparse.ArgumentParser(prog=f"{PROG} {name}", description=description, **kwargs)
     p.add_argument("--out", type=Path, required=True, help=out_help)
+    p.add_argument("--force", action="store_true", help="replace OUT if it already holds files (deletes them)")
     p.add_argument("--seed", type=int, default=0)
     return p
 
@@ -63,15 +67,27 @@ def fail(name: str, message: str) -> int:
     return 2
 
 
-def free_out(name: str, out: Path, replace: bool, flag: str) -> bool:
-    """Whether ``out`` may be written: missing or empty, or emptied now because ``replace``
-    (the command's ``flag``) was given. A full one is refused, saying so, as writing into
-    it would mix two data sets."""
-    if out.exists() and any(out.iterdir()):
-        if not replace:
-            fail(name, f"{out} is not empty; pass {flag} to replace it")
+def free_out(name: str, out: Path, replace: bool) -> bool:
+    """Whether ``out`` may be written, created now: missing or empty, or emptied now because
+    ``replace`` (``--force``) was given. A full one is refused, saying so, as writing into it
+    would mix two data sets (or replace a real one's files); a file or a folder that cannot
+    be written is refused too, each in one line."""
+    try:
+        if out.exists() and not out.is_dir():
+            fail(name, f"--out {out} is a file; give a folder")
             return False
-        shutil.rmtree(out)
+        if out.exists() and any(out.iterdir()):
+            if not replace:
+                fail(name, f"--out {out} is not empty; pass --force to replace it (its files are deleted)")
+                return False
+            shutil.rmtree(out)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(name, f"--out {out}: {e.strerror or e}")
+        return False
+    if not os.access(out, os.W_OK | os.X_OK):  # a read-only folder (or file system)
+        fail(name, f"--out {out}: not writable")
+        return False
     return True
 
 

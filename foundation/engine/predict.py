@@ -12,6 +12,11 @@ builds a ``Predictor`` from it. ``foundation`` imports no task: the file names i
 and they are found by name as configs name them. A task without a predictor (seq2seq,
 MIM, pretraining) is refused with a line that says so.
 
+The model file is checked before anything is built from it: its config against its
+tensors' shapes (``foundation.checkpoint``), the prediction metadata against that config
+and sane bounds (``check_meta``, ``image_side``); a forged file is one ``CheckpointError``
+line.
+
 A ``Predictor`` reads one input at a time (``load``: an ``InputError`` naming the file for
 anything it cannot use) and runs the model on batches of them (``predict``); the runner
 here expands folders, batches, shows a progress bar on stderr, and keeps the input order.
@@ -34,6 +39,8 @@ from foundation.engine.task import NoPredictor  # raised here; defined beside th
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 # what soundfile (libsndfile) reads
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", ".au", ".sph", ".w64", ".caf")
+MAX_BEAM = 64  # ASR beam search: far past any useful width; 100000 ran for minutes on a 50 ms clip
+MAX_IMAGE_SIDE = 4096  # px: the largest side a model file may have its inputs resized to
 
 
 class InputError(ValueError):
@@ -83,6 +90,8 @@ class Predictor(abc.ABC):
         for name in ("top_k", "beam", "chunk_seconds"):
             if options.get(name) is not None and options[name] <= 0:
                 raise InputError(f"--{name.replace('_', '-')} must be > 0, got {options[name]}")
+        if options.get("beam") is not None and options["beam"] > MAX_BEAM:
+            raise InputError(f"--beam must be at most {MAX_BEAM} (search time grows with it), got {options['beam']}")
         missing = [name for name in self.required if not options.get(name)]
         if missing:
             flags = ", ".join(f"--{m}" for m in missing)
@@ -153,6 +162,7 @@ def load_predictor(source: str | Path, task: str | None = None, device: str | to
     task id when the model has several with a predictor; ``device`` defaults to CUDA when
     there is one."""
     from foundation import checkpoint
+    from foundation.checkpoint import CheckpointError
     from foundation.engine.run_state import model_file
     from foundation.engine.model import MultiTaskModel
 
@@ -182,8 +192,42 @@ def load_predictor(source: str | Path, task: str | None = None, device: str | to
         raise NoPredictor(f"--device {device!r}: {e}") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise NoPredictor("--device cuda: no CUDA device is available here")
+    check_meta(path, tid, model.tasks[tid], meta)
     model.to(dev).eval()
-    return model.tasks[tid].predictor(model.heads[tid], model.backbone, meta, dev)
+    try:
+        return model.tasks[tid].predictor(model.heads[tid], model.backbone, meta, dev)
+    except NoPredictor:
+        raise
+    except (KeyError, TypeError, ValueError) as e:  # a predictor refusing (or tripping on) what the file says
+        problem = f"no {e}" if isinstance(e, KeyError) else str(e)
+        raise CheckpointError(f"{path}: the prediction metadata of task {tid!r} is not usable: {problem}") from None
+
+
+def check_meta(path: Path, tid: str, task: Any, meta: Any) -> None:
+    """The prediction metadata of task ``tid`` is a mapping, and every setting that its task's
+    config also holds (img_size, max_text_len, sample_rate ...) is the config's, which the
+    weights' shapes were checked against: a forged ``img_size: 20000`` would have every input
+    resized to it. (Bytes are files the metadata carries, e.g. the sentencepiece model whose
+    path the config names; what only the metadata holds, each predictor bounds: ``image_side``.)"""
+    from dataclasses import fields
+
+    from foundation.checkpoint import CheckpointError
+
+    if not isinstance(meta, Mapping):
+        raise CheckpointError(f"{path}: the prediction metadata of task {tid!r} is a {type(meta).__name__}, "
+                              "not a mapping")
+    for key in sorted(set(meta) & {f.name for f in fields(task.cfg)}):
+        if not isinstance(meta[key], bytes) and meta[key] != getattr(task.cfg, key):
+            raise CheckpointError(f"{path}: the prediction metadata {tid}.{key} is {meta[key]!r:.60}, but the "
+                                  f"model's config says {getattr(task.cfg, key)!r:.60}")
+
+
+def image_side(name: str, value: Any) -> int:
+    """``value`` (a model file's ``name``) as an image side in 1..MAX_IMAGE_SIDE pixels; a
+    ValueError naming it otherwise (load_predictor turns it into a CheckpointError)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value <= MAX_IMAGE_SIDE:
+        raise ValueError(f"{name} is {value!r:.40}; an image side in 1..{MAX_IMAGE_SIDE} px was expected")
+    return int(value)
 
 
 def _has_predictor(task: Any) -> bool:

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 import soundfile as sf
 
-from foundation.engine.demo_cli import demo_parser, timed
+from foundation.engine.demo_cli import demo_parser, free_out, timed
 
 DEMO_DATA = {"name": "speech", "folder": "speech-demo"}  # foundation data make speech (engine/demo_cli.py)
 
@@ -245,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.dev_voices + a.test_voices >= len(VOICES):
         p.error(f"--dev-voices + --test-voices must leave training voices (there are {len(VOICES)})")
+    if not free_out("speech", a.out, a.force):
+        return 2
     done = timed("speech", lambda: make_corpus(a.out, seed=a.seed, n_dev_voices=a.dev_voices,
                                                n_test_voices=a.test_voices,
                                                utts_per_voice={"train": a.train_per_voice, "dev": a.eval_per_voice,

@@ -200,9 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-per-class", type=int, default=300)
     p.add_argument("--val-per-class", type=int, default=50)
     p.add_argument("--classes", type=int, default=len(CLASSES), help=f"number of classes, 2..{len(CLASSES)}")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it already holds files")
+    p.add_argument("--overwrite", dest="force", action="store_true", help="deprecated spelling of --force")
     a = p.parse_args(argv)
-    if not free_out("vision", a.out, a.overwrite, "--overwrite"):
+    if not free_out("vision", a.out, a.force):
         return 2
     done = timed("vision", lambda: write_dataset(a.out, seed=a.seed, size=a.size, train_per_class=a.train_per_class,
                                                  val_per_class=a.val_per_class, num_classes=a.classes),

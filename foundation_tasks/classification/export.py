@@ -1,5 +1,6 @@
 """``foundation export timm RUN_OR_FILE --out model.safetensors``: a classification run as a
-file that timm's registry loads:
+file that timm's registry loads (an existing ``--out`` is replaced only with ``--force``, and
+the exported file itself never):
 
     timm.create_model("magneto_tiny_patch16_224", pretrained=True,
                       pretrained_cfg_overlay=dict(file="model.safetensors"))
@@ -25,15 +26,23 @@ def timm_name(cfg) -> str:
     return f"{bb.norm}_{size}_patch16_224"
 
 
-def export_timm(source: str | Path, out: str | Path, head_id: str = "classification") -> tuple[Path, str]:
-    """Write ``out`` from a run dir, checkpoint dir or ``.safetensors``; returns (path, timm name)."""
+def export_timm(source: str | Path, out: str | Path, head_id: str = "classification",
+                force: bool = False) -> tuple[Path, str]:
+    """Write ``out`` from a run dir, checkpoint dir or ``.safetensors``; returns (path, timm name).
+    An existing ``out`` is replaced only with ``force``, and never when it is the file exported."""
     from foundation import checkpoint
     from foundation.engine.run_state import model_file
     from foundation.engine.model import MultiTaskModel
     from foundation.vit import VisionTransformer
     from foundation_tasks.classification.model import to_vit
 
-    path = model_file(source)
+    path, out = model_file(source), Path(out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give the .safetensors file to write")
+    if out.exists() and out.samefile(path):
+        raise ValueError(f"--out {out} is the model file being exported; write the timm file elsewhere")
+    if out.exists() and not force:
+        raise ValueError(f"--out {out} already exists; pass --force to replace it")
     model = checkpoint.load(path)
     if isinstance(model, MultiTaskModel):
         if head_id not in model.tasks:
@@ -54,14 +63,18 @@ def main(argv: list[str]) -> int:
                                   "a checkpoint directory or a model.safetensors")
     p.add_argument("--out", required=True, help="the .safetensors to write")
     p.add_argument("--head", default="classification", help="the task id of the classification head")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
     args = p.parse_args(argv)
     from foundation.checkpoint import CheckpointError
     from foundation.config import ConfigError
 
     try:
-        out, name = export_timm(args.source, args.out, args.head)
+        out, name = export_timm(args.source, args.out, args.head, args.force)
     except (FileNotFoundError, ValueError, CheckpointError, ConfigError) as e:
         print(f"foundation export timm: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # --out under a file, in a read-only folder, a full disk
+        print(f"foundation export timm: cannot write {args.out}: {e.strerror or e}", file=sys.stderr)
         return 2
     print(f"wrote {out}\nload it with:\n  import foundation, timm\n"
           f"  model = timm.create_model({name!r}, pretrained=True, pretrained_cfg_overlay=dict(file={str(out)!r}))")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from timm.data import create_transform
 
-from foundation.engine.predict import InputError, Predictor
+from foundation.engine.predict import InputError, Predictor, image_side
 from foundation_tasks.vision_common.images import ImageDataError, load_image
 
 
@@ -18,7 +18,9 @@ class ClassificationPredictor(Predictor):
         super().__init__(*args)
         m = self.meta
         self.classes = list(m["classes"])
-        self.transform = create_transform(m["img_size"], is_training=False, interpolation=m["interpolation"],
+        size = image_side("img_size", m["img_size"])
+        image_side("img_size / crop_pct", size / m["crop_pct"])  # the resize before the centre crop
+        self.transform = create_transform(size, is_training=False, interpolation=m["interpolation"],
                                           crop_pct=m["crop_pct"], mean=tuple(m["mean"]), std=tuple(m["std"]))
 
     def load(self, source, **_) -> torch.Tensor:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from foundation.engine.demo_cli import demo_parser, timed
+from foundation.engine.demo_cli import demo_parser, free_out, timed
 
 DEMO_DATA = {"name": "segmentation", "folder": "ade-demo"}  # foundation data make segmentation (engine/demo_cli.py)
 
@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if min(a.height, a.width) < 16 or a.train < 1 or a.val < 1:
         p.error("--height / --width must be >= 16 and --train / --val >= 1")
+    if not free_out("segmentation", a.out, a.force):
+        return 2
     counts, seconds = timed("segmentation", lambda: write(a.out, a.seed, a.train, a.val, a.height, a.width))
     print(f"wrote {counts['training']} training and {counts['validation']} validation scenes "
           f"({a.width}x{a.height}, {NUM_CLASSES} classes + other) to {a.out} in {seconds:.1f} s")

@@ -5,10 +5,13 @@ The image goes through what evaluation does (mmseg's ``Resize`` to the training 
 keeping the aspect ratio, ImageNet normalisation), whole-image or sliding-window
 inference as the config says, and the logits are resized back to the image. The label
 PNG holds the annotation's own values (ADE20k: class index + 1, 0 = unlabelled), as a
-palette image: it opens as a colour picture and reads back as class ids.
+palette image: it opens as a colour picture and reads back as class ids. An ``out`` inside
+an input folder is refused (its masks would be read, or overwrite files read, as inputs),
+and an output never takes an input's name.
 """
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from foundation.engine.predict import InputError, Predictor
+from foundation.engine.predict import InputError, Predictor, image_side
 from foundation_tasks.vision_common.images import ImageDataError, load_image
 
 DEFAULT_OUT = "predictions"
@@ -31,14 +34,35 @@ class SegmentationPredictor(Predictor):
         super().__init__(*args)
         m = self.meta
         self.classes, self.offset = list(m["classes"]), int(m["label_offset"])
+        for key in ("scale", "crop", "stride"):
+            image_side(key, m[key])
         self.colors = np.asarray(m["palette"], np.uint8)
-        self.written: set[Path] = set()  # masks written in this call: same-named inputs get _2, _3 ...
+        self.written: set[Path] = set()  # inputs and outputs of this call: same-named inputs get _2, _3 ...
         self.mean = torch.tensor(m["mean"]).view(3, 1, 1)
         self.std = torch.tensor(m["std"]).view(3, 1, 1)
 
-    def run(self, *args, **kwargs):
-        self.written = set()  # names are unique within one call; a later call overwrites
-        yield from super().run(*args, **kwargs)
+    def run(self, inputs, *args, out: str | Path | None = None, **kwargs):
+        folder = Path(out or DEFAULT_OUT)
+        inside = [x for x in inputs if Path(x).is_dir() and folder.resolve().is_relative_to(Path(x).resolve())]
+        if inside:  # its masks would be read as inputs by the next call, or overwrite files it reads
+            raise InputError(f"--out {folder} is inside the input folder {inside[0]}; write the masks elsewhere")
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"--out {folder} is a file; segmentation writes a mask and an overlay per image "
+                             "into a folder")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise InputError(f"--out {folder}: {e.strerror or e}") from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise InputError(f"--out {folder}: not writable")
+        yield from super().run(inputs, *args, out=folder, **kwargs)
+
+    def expand(self, inputs):
+        items = super().expand(inputs)
+        # names are unique within one call (a later call overwrites its outputs), and an
+        # input's name is taken from the start: no output overwrites an input
+        self.written = {Path(x).resolve() for x in items}
+        return items
 
     def load(self, source, **_) -> dict:
         from mmcv import imrescale
@@ -55,7 +79,6 @@ class SegmentationPredictor(Predictor):
     def predict(self, items, out: str | Path | None = None, **_) -> list[dict]:
         m = self.meta
         folder = Path(out or DEFAULT_OUT)
-        folder.mkdir(parents=True, exist_ok=True)
         records = []
         for item in items:
             logits = self.head.predict_logits(self.backbone, item["x"][None].to(self.device), m["mode"], m["crop"],
@@ -67,11 +90,12 @@ class SegmentationPredictor(Predictor):
 
     def _write(self, item: dict, labels: np.ndarray, folder: Path) -> dict:
         stem, n = item["source"].stem, 1
-        while (folder / f"{stem}_mask.png").resolve() in self.written:  # a/x.jpg and b/x.jpg in one run
+        # a/x.jpg and b/x.jpg in one run; an input named like an output
+        while {(folder / f"{stem}_{kind}.png").resolve() for kind in ("mask", "overlay")} & self.written:
             n += 1
             stem = f"{item['source'].stem}_{n}"
         mask_path, overlay_path = folder / f"{stem}_mask.png", folder / f"{stem}_overlay.png"
-        self.written.add(mask_path.resolve())
+        self.written |= {mask_path.resolve(), overlay_path.resolve()}
         mask = Image.fromarray((labels + self.offset).astype(np.uint8)).convert("P")
         palette = np.zeros((256, 3), np.uint8)
         palette[self.offset:self.offset + len(self.colors)] = self.colors

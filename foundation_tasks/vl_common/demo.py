@@ -481,7 +481,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--text-lines", type=int, default=20000)
     p.add_argument("--objects", type=int, nargs=2, default=[1, 3], metavar=("MIN", "MAX"), help="objects per scene (<= 5)")
     p.add_argument("--object-size", type=float, default=0.16, help="object radius, a fraction of the image side")
-    p.add_argument("--force", action="store_true", help="replace an existing output directory")
     a = p.parse_args(argv)
     if a.image_size < 16:
         p.error("--image-size must be >= 16")
@@ -489,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         scene = SceneSpec(a.object_size, *a.objects)
     except ValueError as e:
         p.error(str(e))
-    if not free_out("vl", a.out, a.force, "--force"):
+    if not free_out("vl", a.out, a.force):
         return 2
     counts, seconds = timed("vl", lambda: write_dataset(
         a.out, seed=a.seed, image_size=a.image_size, vqa_train=a.vqa_train, vqa_val=a.vqa_val,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from foundation.engine.predict import InputError, Predictor
+from foundation.engine.predict import InputError, Predictor, image_side
 from foundation_tasks.vision_common.images import ImageDataError, load_image
 from foundation_tasks.vl_common.images import image_transform
 from foundation_tasks.vl_common.text import SentencePieceTokenizer, get_tokenizer, pad_texts
@@ -18,7 +18,8 @@ class VLPredictor(Predictor):
         m = self.meta
         self.tokenizer = (SentencePieceTokenizer(model_proto=m["spm_model"]) if m["tokenizer"] == "sentencepiece"
                           else get_tokenizer(m["tokenizer"]))
-        self.transform = image_transform(m["img_size"], False, m["image_mean"], m["image_std"])
+        size = image_side("img_size", m["img_size"])
+        self.transform = image_transform(size, False, m["image_mean"], m["image_std"])
 
     def image(self, source) -> torch.Tensor:
         try:

@@ -254,6 +254,67 @@ def test_a_file_names_the_module_of_its_kind_and_only_project_modules_are_import
     assert "antigravity" not in sys.modules
 
 
+# --------------------------------------------------------------------------- forged files
+
+
+def _forged(tmp_path, **config) -> Path:
+    """A real tiny Backbone's file (0.1 MB) whose metadata's config is edited."""
+    from safetensors import safe_open
+
+    path = save(random_backbone(), tmp_path / "real.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    forged = tmp_path / "forged.safetensors"
+    save_file(tensors, str(forged), metadata={**meta, ckpt.META_CONFIG: json.dumps({**json.loads(
+        meta[ckpt.META_CONFIG]), **config})})
+    return forged
+
+
+@pytest.mark.parametrize("config, needle", [
+    ({"dim": 4096, "ffn_dim": 16384}, "layers.0.norm1.vision.weight: the config builds (4096,), the file holds (32,)"),
+    ({"depth": 10 ** 7}, "asks for 10000000 backbone layers, but the file holds"),
+    ({"rel_pos": "2d", "rel_pos_grid": [32, 3000000]}, "encoder.rel_pos.table: the config builds (377999940, 4)"),
+    ({"depth": 3}, "encoder.layers.2.norm1.vision.weight: the config builds (32,), the file has no such tensor"),
+])
+def test_a_forged_config_is_refused_before_anything_is_built(tmp_path, monkeypatch, config, needle):
+    """The config in a file's metadata is checked against its tensors' shapes on the meta
+    device: a 0.1 MB file that says dim: 4096 (or 10 million layers, or a 32 x 3,000,000
+    patch grid) is one line naming the file and the tensor, and no real model is built."""
+    forged = _forged(tmp_path, **config)
+    real_init = Backbone.__init__
+
+    def only_on_meta(self, cfg):
+        assert torch.empty(0).device.type == "meta", f"a {cfg.dim}-wide, {cfg.depth}-layer backbone built for real"
+        real_init(self, cfg)
+
+    monkeypatch.setattr(Backbone, "__init__", only_on_meta)
+    for read in (load, read_config):
+        with pytest.raises(CheckpointError) as err:
+            read(forged)
+        assert str(err.value).startswith(f"{forged}: ") and needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_forged_width_is_one_line_under_a_memory_cap(tmp_path):
+    """dim: 32768 asked for 12.9 GB in one allocation: a traceback under a memory cap; now the
+    file is refused by `foundation predict` in one line, well inside 8 GB of address space."""
+    import resource
+    import subprocess
+
+    forged = _forged(tmp_path, dim=32768)
+    image = tmp_path / "x.png"
+    image.write_bytes(b"")
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-m", "foundation.cli", "predict", str(forged), str(image)],
+                          capture_output=True, text=True, cwd=root, timeout=300, preexec_fn=cap,
+                          env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and str(forged) in done.stderr and "builds (32768,)" in done.stderr
+
+
 # --------------------------------------------------------------------------- strict loading
 
 

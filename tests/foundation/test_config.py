@@ -105,3 +105,12 @@ def test_one_yaml_reader_for_every_config(tmp_path):
     assert [dict(t) for t in raw.tasks] == [{"name": "seq2seq", "problem": "sort"}]
     with pytest.raises(ConfigError, match="no task 'vqa' in the config"):
         read_yaml(tmp_path / "t.yaml", ["tasks.vqa.x=1"])
+
+
+@pytest.mark.parametrize("word", ["off", "on", "yes", "no", "true", "False"])
+def test_an_override_of_a_string_field_keeps_its_text_and_a_bool_field_converts_it(tmp_path, word):
+    """YAML 1.1 reads off / yes / on as booleans: run_name=off named the run directory 'False'."""
+    (tmp_path / "t.yaml").write_text("tasks:\n  - {name: seq2seq, problem: reverse}\n")
+    cfg, _ = load_config(tmp_path / "t.yaml", [f"run_name={word}", f"log.progress={word}"], check_data=False)
+    assert cfg.run_name == word and cfg.run_dir.name == word
+    assert cfg.log.progress is (word.lower() in ("on", "yes", "true"))

@@ -200,3 +200,32 @@ def test_classification_run_exports_to_timm(tmp_path, capsys, one_thread):
                               patch_size=4, img_size=16, num_classes=3, pretrained_cfg_overlay=dict(file=str(out)))
     assert torch.equal(sized.head.weight, model.head.weight)
     assert cli(["export", "timm", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_export_never_replaces_a_file_unless_told(tmp_path, capsys):
+    """An existing --out is refused without --force, the exported file itself always, and a
+    folder as --out is one line, not a traceback."""
+    from foundation.cli import main as cli
+    from foundation.config import BackboneConfig
+    from foundation.vit import VisionTransformer, ViTConfig
+
+    cfg = ViTConfig(backbone=BackboneConfig(dim=16, depth=1, heads=2, norm="preln"), img_size=16, patch_size=8,
+                    num_classes=3)
+    source = checkpoint.save(VisionTransformer(cfg), tmp_path / "run.safetensors")
+    kept, out = source.read_bytes(), tmp_path / "out.safetensors"
+    out.write_bytes(b"the user's file")
+
+    def refused(*args: str, needle: str) -> None:
+        capsys.readouterr()
+        assert cli(["export", "timm", str(source), *args]) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+
+    refused("--out", str(out), needle="already exists; pass --force")
+    assert out.read_bytes() == b"the user's file"
+    for force in ([], ["--force"]):
+        refused("--out", str(source), *force, needle="is the model file being exported")
+    assert source.read_bytes() == kept
+    refused("--out", str(tmp_path), needle="is a folder")
+    assert cli(["export", "timm", str(source), "--out", str(out), "--force"]) == 0
+    assert checkpoint.read_config(out)[1] == cfg

@@ -135,6 +135,49 @@ def test_bad_inputs_name_the_file(classifier, tmp_path):
         load_predictor(classifier, device="cpu")(str(sound))
 
 
+def forge(model_dir: Path, out: Path, config: dict | None = None, meta: dict | None = None) -> Path:
+    """A copy of a run's model file, its first task's config fields and its metadata's
+    sections edited (a section given as a dict is merged into the saved one)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        header, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    cfg, extra = json.loads(header[checkpoint.META_CONFIG]), json.loads(header[checkpoint.META_EXTRA])
+    cfg["tasks"][0].update(config or {})
+    for section, value in (meta or {}).items():
+        extra[section] = {**extra[section], **value} if isinstance(value, dict) else value
+    save_file(tensors, str(out), metadata={**header, checkpoint.META_CONFIG: json.dumps(cfg),
+                                           checkpoint.META_EXTRA: json.dumps(extra)})
+    return out
+
+
+@pytest.mark.parametrize("config, meta, needle", [
+    ({}, {"img_size": 20000}, "metadata classification.img_size is 20000, but the model's config says 16"),
+    ({}, {"img_size": [32, 3000000]}, "metadata classification.img_size is [32, 3000000], but the model's config"),
+    ({"img_size": 20000}, {"img_size": 20000}, "heads.classification.pos_embed: the config builds (1, 25000001, 16)"),
+    ({"crop_pct": 1e-4}, {"crop_pct": 1e-4}, "img_size / crop_pct is 160000.0; an image side in 1..4096 px"),
+])
+def test_forged_sizes_are_refused_before_any_input_is_read(classifier, tmp_path, config, meta, needle):
+    """Metadata and config values are checked against each other, the weights' shapes and
+    sane bounds when the model is loaded: img_size 20000 took 53 s and 12.8 GB, then a
+    traceback, and [32, 3000000] got the process killed."""
+    from foundation import load_predictor
+    from foundation.checkpoint import CheckpointError
+
+    forged = forge(classifier, tmp_path / "model.safetensors", config, {"classification": meta})
+    with pytest.raises(CheckpointError) as err:
+        load_predictor(forged, device="cpu")
+    assert str(err.value).startswith(f"{forged}: ") and needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_metadata_section_that_is_not_a_mapping_is_one_line(classifier, tmp_path):
+    forged = forge(classifier, tmp_path / "model.safetensors", meta={"classification": "a string"})
+    done = cli(str(forged), str(picture(tmp_path / "a.png")), expect=2)
+    assert done.stdout == "" and done.stderr.count("\n") == 1
+    assert f"{forged}: the prediction metadata of task 'classification' is a str, not a mapping" in done.stderr
+
+
 def test_model_files_without_a_predictor_are_refused(tmp_path, capsys):
     from foundation.cli import main
     from foundation.engine.model import ModelConfig, MultiTaskModel
@@ -197,6 +240,32 @@ def test_segmentation_writes_mask_and_overlay(segmenter, tmp_path):
     assert [Path(r["mask"]).name for r in both] == ["x_mask.png", "x_2_mask.png"]
 
 
+def test_segmentation_never_writes_onto_its_inputs(segmenter, tmp_path):
+    """`predict SEG dir/ --out dir/` overwrote the user's own *_mask.png, then predicted them as
+    inputs: an --out inside an input folder is refused, and no output takes an input's name."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    picture(folder / "x.png")
+    mine = picture(folder / "x_mask.png", seed=3)
+    kept = mine.read_bytes()
+    done = cli(str(segmenter), str(folder), "--out", str(folder), expect=2)
+    assert done.stderr.count("\n") == 1 and f"--out {folder} is inside the input folder {folder}" in done.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["x.png", "x_mask.png"] and mine.read_bytes() == kept
+
+    from foundation import load_predictor
+    from foundation.engine.predict import InputError
+
+    p = load_predictor(segmenter, device="cpu")
+    with pytest.raises(InputError, match="is inside the input folder"):
+        p(str(folder), out=folder / "masks")
+    records = p([str(folder / "x.png"), str(mine)], out=folder)  # the inputs named one by one
+    assert [Path(r["mask"]).name for r in records] == ["x_2_mask.png", "x_mask_mask.png"]
+    assert mine.read_bytes() == kept
+    with pytest.raises(InputError, match="is a file; segmentation writes"):
+        p(str(folder / "x.png"), out=mine)
+    assert mine.read_bytes() == kept
+
+
 # --------------------------------------------------------------------------- speech recognition
 
 
@@ -232,11 +301,14 @@ def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
     assert records[0]["seconds"] == pytest.approx(1.3, abs=1e-3)
 
     from foundation import load_predictor
+    from foundation.engine.predict import InputError
 
     p = load_predictor(recognizer, device="cpu")
     one = p(str(wav))
     assert one["text"] == records[0]["text"]
     assert isinstance(p(str(wav), beam=2)["text"], str)
+    with pytest.raises(InputError, match="--beam must be at most 64"):  # 100000 ran for minutes
+        p(str(wav), beam=100000)
     # what the model hears: the 44.1 kHz stereo file mixed down and resampled gives the
     # filterbanks of the same signal recorded at 16 kHz mono
     sf.write(tmp_path / "mono16k.wav", tone(16000), 16000)
@@ -246,8 +318,6 @@ def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
     # long audio in pieces: 1.3 s cut into pieces of at most 0.5 s
     assert len(p.load(str(wav), chunk_seconds=0.5)["feats"]) == 3
     assert p(str(wav), chunk_seconds=0.5)["seconds"] == pytest.approx(1.3, abs=1e-3)
-
-    from foundation.engine.predict import InputError
 
     image = picture(tmp_path / "photo.png")
     with pytest.raises(InputError, match="photo.png: not an audio file"):

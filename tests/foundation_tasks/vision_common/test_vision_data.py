@@ -65,7 +65,10 @@ def test_data_make_vision_cli(tmp_path, capsys):
     assert "wrote 4 train + 2 val images" in capsys.readouterr().out
     assert len(list(out.rglob("*.JPEG"))) == 6
     assert cli_main(["data", "make", "vision", "--out", str(out)]) == 2  # not empty: refuses
-    assert "--overwrite" in capsys.readouterr().err
+    assert "pass --force" in capsys.readouterr().err
+    assert cli_main(["data", "make", "vision", "--out", str(out), "--size", "16", "--train-per-class", "1",
+                     "--val-per-class", "1", "--classes", "2", "--overwrite"]) == 0  # --force's deprecated spelling
+    assert len(list(out.rglob("*.JPEG"))) == 4
 
 
 def test_reader_reads_the_layout(demo_root):
