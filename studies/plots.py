@@ -51,9 +51,11 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     per_task = [k for k in data if k.startswith("loss/")]
     losses = [k for k in data if k == "loss"] + (per_task if len(per_task) > 1 else [])
     evals = sorted(k for k in data if k.startswith("eval/"))
-    events = [r for r in records if r.get("event") in ("nonfinite", "diverged", "resume")]
+    events = [r for r in records if r.get("event") in ("nonfinite", "diverged", "resume", "guard")]
+    updates = [k for k in ("update/output", "update/weights_max") if k in data]  # the guard's measurement
     panels = [("training loss", losses, True), ("learning rate", ["lr"] if "lr" in data else [], False),
-              ("gradient norm (before clipping)", ["grad_norm"] if "grad_norm" in data else [], True)]
+              ("gradient norm (before clipping)", ["grad_norm"] if "grad_norm" in data else [], True),
+              ("model update (relative, a step)", updates, True)]
     panels += [(f"eval {k[len('eval/'):]}", [k], False) for k in evals]
     panels = [p for p in panels if p[1]]
     if not panels:
@@ -68,7 +70,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         if log_y and all(v > 0 for k in keys for v in data[k][1]):
             ax.set_yscale("log")
         for e in events:
-            ax.axvline(e["step"], color={"resume": "grey"}.get(e["event"], "red"), lw=0.6, ls=":")
+            ax.axvline(e["step"], color={"resume": "grey", "guard": "orange"}.get(e["event"], "red"), lw=0.6, ls=":")
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

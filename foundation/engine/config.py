@@ -95,8 +95,14 @@ class LoopConfig:
     max_nonfinite: int = 10  # stop after this many non-finite steps in a row
     num_workers: int = 0  # DataLoader workers per process
     stop_at: Optional[int] = None  # end this invocation after this step (checkpointed); resume goes on
+    # a run whose training loss ends above this x its first step's loss (averaged over the last
+    # 5 % of the steps, at least 5) blew up and never came back: it ends "diverged", its last
+    # model neither evaluated nor saved (the studies' rule, studies/verdict.py); 0 = off
+    explode_factor: float = 2.0
 
     def __post_init__(self) -> None:
+        _check(self.explode_factor == 0 or self.explode_factor > 1, "train.explode_factor", self.explode_factor,
+               "must be > 1, or 0 (off)")
         for name in ("steps", "batch_size", "grad_accum", "max_nonfinite"):
             _check(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
         _check(self.mix in MIXES, "train.mix", self.mix, f"must be one of {', '.join(MIXES)}")
@@ -148,6 +154,36 @@ class LogConfig:
         _check(len(set(self.writers)) == len(self.writers), "log.writers", self.writers, "names a writer twice")
 
 
+GUARD_MODES = ("off", "warn", "recover")
+
+
+@dataclass
+class GuardConfig:
+    """The stability guard (engine/guard.py): the model update measured every ``every`` steps on
+    a fixed probe batch; ``warn`` / ``recover`` when it jumps above ``factor`` x its recent median."""
+
+    mode: str = "off"  # off (nothing measured) | warn | recover
+    every: int = 1  # steps between measurements
+    probe_items: int = 8  # items of the first training batch kept as the probe batch
+    window: int = 50  # the recent measurements the level is the median of
+    warmup: int = 20  # measurements before the guard may fire
+    factor: float = 4.0  # fires above this x the level (update per unit of learning rate)
+    lr_backoff: float = 0.5  # recover: the learning rate is multiplied by this, for the rest of the run
+    snapshot_every: int = 10  # recover: healthy steps between in-memory snapshots to roll back to
+    max_recoveries: int = 3  # recover: then the run goes on without rolling back (and may diverge)
+
+    def __post_init__(self) -> None:
+        if self.mode is False:  # YAML 1.1 reads a bare `off` as false
+            self.mode = "off"
+        _check(self.mode in GUARD_MODES, "guard.mode", self.mode, f"must be one of {', '.join(GUARD_MODES)}")
+        for name in ("every", "probe_items", "window", "snapshot_every"):
+            _check(getattr(self, name) >= 1, f"guard.{name}", getattr(self, name), "must be >= 1")
+        _check(0 <= self.warmup, "guard.warmup", self.warmup, "must be >= 0")
+        _check(self.max_recoveries >= 0, "guard.max_recoveries", self.max_recoveries, "must be >= 0")
+        _check(self.factor > 1, "guard.factor", self.factor, "must be > 1")
+        _check(0 < self.lr_backoff < 1, "guard.lr_backoff", self.lr_backoff, "must be in (0, 1)")
+
+
 @dataclass
 class TrainConfig:
     run_name: Optional[str] = None  # default: the config file's name
@@ -166,6 +202,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     save: SaveConfig = field(default_factory=SaveConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)
     resume: bool = False  # continue the run in <output_dir>/<run_name> from its last checkpoint
     overwrite: bool = False  # replace an existing run directory instead of refusing
     # fields a resume may change (--allow-change optim.lr), e.g. ["optim.lr", "train.steps"]; any

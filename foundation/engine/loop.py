@@ -51,6 +51,7 @@ from foundation.engine.config import TaskSpec, TrainConfig, best_metric, resolve
 from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
 from foundation.engine.distributed import Env
 from foundation.engine.failure import DataError, one_line
+from foundation.engine.guard import LossWatch, Stability
 from foundation.engine.metrics_log import MetricsLog, Progress
 from foundation.engine.init import check_init_from, load_init_from
 from foundation.engine.model import ModelConfig, MultiTaskModel
@@ -197,6 +198,11 @@ class Trainer:
         if cfg.train.ema is not None and cfg.train.strategy == "fsdp" and env.distributed:
             raise ConfigError("field 'train.ema': EMA is not supported with train.strategy=fsdp")
         self.ema = EMA(self.model, cfg.train.ema) if cfg.train.ema is not None else None
+        if cfg.guard.mode != "off" and cfg.train.strategy == "fsdp" and env.distributed:
+            raise ConfigError("field 'guard.mode': the stability guard is not supported with train.strategy=fsdp")
+        self.losses = LossWatch(cfg.train.explode_factor, cfg.train.steps)
+        self.stability = (Stability(cfg.guard, self.model, self.optimizer, self.scheduler, distributed.all_reduce)
+                          if cfg.guard.mode != "off" else None)
         self.streams = {
             s.id: TaskStream(self.model.tasks[s.id].train_dataset(), self.model.tasks[s.id].collate,
                              batch_size=s.batch_size or cfg.train.batch_size, rank=env.rank, world=env.world,
@@ -277,6 +283,8 @@ class Trainer:
             "ema": self.ema.state_dict() if self.ema is not None else None,
             "streams": {k: s.state_dict() for k, s in self.streams.items()},
             "nonfinite": {"in_a_row": self.nonfinite_in_a_row, "total": self.nonfinite_total},
+            "losses": self.losses.state_dict(),
+            "guard": self.stability.state_dict() if self.stability is not None else None,
             "best": {"key": self.best_key, "value": self.best_value, "step": self.best_step},
             "rng": rng_state(),
         }
@@ -309,6 +317,10 @@ class Trainer:
                 s.load_state_dict(state["streams"][k])
         self.nonfinite_in_a_row = int(state["nonfinite"]["in_a_row"])
         self.nonfinite_total = int(state["nonfinite"]["total"])
+        if state.get("losses") is not None:  # (checkpoints from before the divergence rule have none)
+            self.losses.load_state_dict(state["losses"])
+        if self.stability is not None and state.get("guard") is not None:
+            self.stability.load_state_dict(state["guard"])
         if state["best"]["key"] == self.best_key:
             self.best_value, self.best_step = state["best"]["value"], state["best"]["step"]
         if state["rng"] is not None and state["world"] == self.env.world:
@@ -372,6 +384,8 @@ class Trainer:
         for _ in range(accum):
             for i, (tid, weight) in enumerate(plan):
                 batch = to_device(next_batch(self.streams[tid], tid, "train"), env.device)
+                if self.stability is not None and not self.stability.started:  # the probe: the model before step 1
+                    self.stability.start(tid, batch)
                 backward += 1
                 with distributed.grad_sync(self.wrapped, backward == total):  # forward and backward
                     with autocast(cfg, env.device):
@@ -464,6 +478,8 @@ class Trainer:
             "nonfinite_total": result.nonfinite_total, "best_key": result.best_key,
             "best_value": finite(result.best_value), "best_step": result.best_step,
             "last_checkpoint": str(result.last_checkpoint) if result.last_checkpoint else None,
+            "guard": {"mode": self.cfg.guard.mode, "recoveries": self.stability.recoveries,
+                      "actions": self.stability.actions} if self.stability is not None else {"mode": "off"},
             "time": round(time.time(), 3),
         }
         write_text_atomic(self.run_dir / STATUS_FILE, json.dumps(info, indent=2) + "\n")
@@ -488,7 +504,16 @@ class Trainer:
         try:
             while self.step < end:
                 record = self.train_step()
-                if record.get("skipped"):
+                finite = not record.get("skipped")
+                if finite:
+                    self.losses.add(record["loss"])
+                action: dict[str, Any] = {}
+                if self.stability is not None:
+                    measured, action = self.stability.after_step(self.step, record["lr"], finite)
+                    record.update(measured)
+                    if action:
+                        self._guard(action, log)
+                if not finite and action.get("action") != "recover":
                     stop = self._nonfinite(record, log)
                     if stop is not None:
                         return stop
@@ -510,6 +535,8 @@ class Trainer:
             finished = self.step >= cfg.train.steps
             if (stop := self._nonfinite_weights(log)) is not None:  # never the last checkpoint
                 return stop
+            if finished and (why := self.losses.blown_up()) is not None:  # nor a blown-up model
+                return self._blown_up(why, log)
             if finished and evaluated_at != self.step:
                 self.evaluate(log)
             if saved_at != self.step:
@@ -529,6 +556,28 @@ class Trainer:
     def _result(self, status: str, message: str = "") -> RunResult:
         return RunResult(status, self.step, self.run_dir, self.metrics, message, self.ckpt.latest(),
                          self.nonfinite_total, self.best_key, self.best_value, self.best_step)
+
+    def _guard(self, action: dict[str, Any], log: MetricsLog) -> None:
+        """One line and one ``guard`` event per warning (once an episode) or recovery."""
+        if action["action"] == "recover":
+            line = (f"guard: step {self.step}: the model update jumped to {action['ratio']:.1f}x its recent level; "
+                    f"rolled back to step {action['rolled_back_to']}, learning rate x{action['lr_scale']:g} from now "
+                    f"(recovery {action['recoveries']} of guard.max_recoveries={self.cfg.guard.max_recoveries})")
+        else:
+            line = (f"guard: step {self.step}: the model update jumped to {action['ratio']:.1f}x its recent level "
+                    f"({action['update']:.3g} a step); the run may be diverging"
+                    + (f" ({action['why']})" if "why" in action else " (guard.mode=recover rolls back)"))
+        self.progress.write(line)
+        log.event(self.step, "guard", task=None, **{k: v for k, v in action.items() if k != "step"})
+
+    def _blown_up(self, why: str, log: MetricsLog) -> RunResult:
+        last = self.ckpt.latest()
+        message = (f"training ended at step {self.step} diverged: {why}; its last model was neither evaluated nor "
+                   f"saved; last checkpoint: {last if last is not None else 'none'}")
+        self.progress.write(message)
+        log.event(self.step, "diverged", task=None, what="loss", message=message,
+                  last_checkpoint=str(last) if last else None)
+        return self._result("diverged", message)
 
     def _nonfinite_weights(self, log: MetricsLog) -> RunResult | None:
         """A "diverged" result when the weights hold NaN or inf (an optimizer step made

@@ -50,7 +50,7 @@ def tiny_config(tmp_path: Path, **sections) -> dict:
         "log": {"progress": False, "writers": ["jsonl"]},
     }
     for k, v in sections.items():
-        cfg[k] = {**cfg[k], **v} if isinstance(v, dict) else v
+        cfg[k] = {**cfg.get(k, {}), **v} if isinstance(v, dict) else v
     return cfg
 
 

@@ -1,0 +1,271 @@
+"""The stability guard: the model update measured while training, and what to do when it jumps.
+
+DeepNet (section 3, figure 4) shows that a run blows up when the *model update*, how far one
+optimizer step moves the model's output ||F(x, theta_{t+1}) - F(x, theta_t)||, grows early in
+training; DeepNorm and Magneto are built to bound it. ``UpdateMonitor`` measures it during
+training, every ``guard.every`` steps:
+
+* ``update/output``: the relative change of the backbone's output (its last block, before the
+  final norm, which is what the heads read) on a fixed probe batch, ||F_t - F_prev|| / ||F_prev||;
+* ``update/block<i>``: each block's relative weight update ||W_t - W_prev|| / ||W_prev||
+  (``update/weights_max``: the largest).
+
+The probe batch is the first ``guard.probe_items`` items of the run's first training batch,
+kept as drawn; the probe forward runs in eval mode, without gradients, under a fixed seed with
+the RNG states restored after, so measuring changes nothing about the training itself.
+
+``Guard`` judges each measurement against the run's own recent ones: Adam's step is proportional
+to the learning rate, so the update per unit of learning rate is steady in a healthy run (it
+falls slowly); the guard fires when it exceeds ``guard.factor`` times the median of the last
+``guard.window`` measurements (after ``guard.warmup`` of them). ``warn`` says so in one line per
+episode; ``recover`` rolls the model and optimizer back to the last state kept in memory
+(every ``guard.snapshot_every`` healthy steps), multiplies the learning rate by
+``guard.lr_backoff`` for the rest of the run, and goes on. Every firing is written to the
+metrics stream (``guard`` events) and to status.json.
+"""
+from __future__ import annotations
+
+import copy
+import statistics
+from collections import deque
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from foundation.engine.data import seeded
+
+PROBE_SEED = 20_240_917  # the probe forward's RNG (masks a head may draw); restored after
+
+
+def first_tensor(value: Any) -> Optional[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            if (t := first_tensor(v)) is not None:
+                return t
+    return None
+
+
+def probe_items(batch: Any, n: int) -> Any:
+    """The first ``n`` items of a collated batch (tensors and lists along their first dimension,
+    when it is the batch's), copied so later steps cannot change them."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:n].clone() if batch.dim() else batch.clone()
+    if isinstance(batch, dict):
+        return {k: probe_items(v, n) for k, v in batch.items()}
+    if isinstance(batch, list):
+        return [probe_items(v, n) if isinstance(v, (torch.Tensor, dict)) else v for v in batch[:n]]
+    if isinstance(batch, tuple):
+        return tuple(probe_items(v, n) for v in batch)
+    return copy.deepcopy(batch)
+
+
+class UpdateMonitor:
+    """``measure() -> {"update/output": ..., "update/block<i>": ..., "update/weights_max": ...}``:
+    how far the model moved since the previous call (the first call sets the reference)."""
+
+    def __init__(self, model: nn.Module, task_id: str, probe: Any):
+        self.model, self.task_id, self.probe = model, task_id, probe
+        self.blocks = [b for name, m in model.backbone.named_modules()
+                       if name.endswith("layers") and isinstance(m, nn.ModuleList) for b in m]
+        ends = [m[len(m) - 1] for name, m in model.backbone.named_modules()
+                if name.endswith("layers") and isinstance(m, nn.ModuleList) and len(m)]
+        self.ends = ends or [model.backbone]
+        self.prev_out: Optional[torch.Tensor] = None
+        self.prev_weights: list[torch.Tensor] = []
+
+    def output(self) -> torch.Tensor:
+        outs: list[torch.Tensor] = []
+
+        def keep(module, args, out) -> None:
+            t = first_tensor(out)
+            if t is not None:
+                outs.append(t.detach().float().flatten())
+
+        hooks = [m.register_forward_hook(keep) for m in self.ends]
+        training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), seeded(PROBE_SEED):
+                self.model(self.task_id, self.probe)
+        finally:
+            for h in hooks:
+                h.remove()
+            self.model.train(training)
+        return torch.cat(outs)
+
+    def block_weights(self) -> list[torch.Tensor]:
+        return [torch.cat([p.detach().float().flatten() for p in b.parameters()]).clone() for b in self.blocks]
+
+    def measure(self) -> dict[str, float]:
+        out, weights = self.output(), self.block_weights()
+        record: dict[str, float] = {}
+        if self.prev_out is not None and self.prev_out.shape == out.shape:
+            record["update/output"] = float((out - self.prev_out).norm() / self.prev_out.norm().clamp_min(1e-12))
+            blocks = [float((w - p).norm() / p.norm().clamp_min(1e-12)) for w, p in zip(weights, self.prev_weights)]
+            record.update({f"update/block{i}": v for i, v in enumerate(blocks)})
+            if blocks:
+                record["update/weights_max"] = max(blocks)
+        self.prev_out, self.prev_weights = out, weights
+        return record
+
+    def reset(self) -> None:
+        """After a rollback: the next measurement only sets the reference."""
+        self.prev_out, self.prev_weights = None, []
+
+
+class Guard:
+    """Judges each ``update/output`` (per unit of learning rate) against the median of the last
+    ``window`` healthy ones; ``check(step, value, lr)`` -> None or the firing's record."""
+
+    def __init__(self, factor: float, window: int, warmup: int):
+        self.factor, self.warmup = factor, warmup
+        self.recent: deque[float] = deque(maxlen=window)
+        self.firing = False  # inside an episode: one warning per episode
+
+    def check(self, step: int, update: float, lr: float) -> Optional[dict[str, float]]:
+        rate = update / lr if lr > 0 else update
+        if len(self.recent) < self.warmup or not self.recent:
+            self.recent.append(rate)
+            return None
+        level = statistics.median(self.recent)
+        if rate > self.factor * level or rate != rate:  # NaN fires too
+            new = not self.firing
+            self.firing = True
+            return {"step": step, "update": update, "rate": rate, "level": level, "new_episode": new}
+        self.firing = False
+        self.recent.append(rate)  # only healthy measurements set the level
+        return None
+
+
+class Snapshot:
+    """The last good model and optimizer state, kept in memory for ``recover``."""
+
+    def __init__(self) -> None:
+        self.step: Optional[int] = None
+        self.model: dict[str, torch.Tensor] = {}
+        self.optimizer: dict[str, Any] = {}
+
+    def take(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.step = step
+        self.model = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.optimizer = copy.deepcopy(optimizer.state_dict())
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        model.load_state_dict(self.model)
+        # the learning rates stay the current ones (the caller lowers them): only the moments go back
+        lrs = [g["lr"] for g in optimizer.param_groups]
+        optimizer.load_state_dict(copy.deepcopy(self.optimizer))
+        for g, lr in zip(optimizer.param_groups, lrs):
+            g["lr"] = lr
+
+
+class LossWatch:
+    """The run's first training loss and its recent ones: ``blown_up()`` says whether the loss,
+    averaged over the last ``window`` steps, ends above ``factor`` x the first (the studies'
+    divergence rule, studies/verdict.py). Its state travels in the checkpoints."""
+
+    def __init__(self, factor: float, steps: int):
+        self.factor = factor
+        self.first: Optional[float] = None
+        self.recent: deque[float] = deque(maxlen=max(5, steps // 20))
+
+    def add(self, loss: float) -> None:
+        if self.first is None and loss == loss:
+            self.first = loss
+        self.recent.append(loss)
+
+    def blown_up(self) -> Optional[str]:
+        if not self.factor or self.first is None or not self.recent:
+            return None
+        mean = sum(self.recent) / len(self.recent)
+        if mean == mean and mean <= self.factor * self.first:
+            return None
+        return (f"the training loss blew up and did not come back: {mean:.4g} over the last {len(self.recent)} "
+                f"steps against {self.first:.4g} at the first (train.explode_factor={self.factor:g})")
+
+    def state_dict(self) -> dict:
+        return {"first": self.first, "recent": list(self.recent)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.first = state["first"]
+        self.recent.extend(state["recent"])
+
+
+class Stability:
+    """What the trainer calls: ``start(model, task_id, batch)`` before the first step's forward,
+    ``after_step(step, lr, finite)`` after each optimizer step -> (metrics, action). An action
+    (a dict, empty when none) is a warning or a recovery, for the metrics stream and status.json."""
+
+    def __init__(self, cfg, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, all_reduce):
+        self.cfg, self.model, self.optimizer, self.scheduler = cfg, model, optimizer, scheduler
+        self.all_reduce = all_reduce
+        self.monitor: Optional[UpdateMonitor] = None
+        self.guard = Guard(cfg.factor, cfg.window, cfg.warmup)
+        self.snapshots: deque[Snapshot] = deque(maxlen=2)  # the older one is rolled back to
+        self.recoveries = 0
+        self.actions: list[dict] = []
+
+    @property
+    def started(self) -> bool:
+        return self.monitor is not None
+
+    def start(self, task_id: str, batch: Any) -> None:
+        self.monitor = UpdateMonitor(self.model, task_id, probe_items(batch, self.cfg.probe_items))
+        self.monitor.measure()  # the reference: the model before its first step
+
+    def after_step(self, step: int, lr: float, finite: bool) -> tuple[dict[str, float], dict]:
+        if self.monitor is None:
+            return {}, {}
+        record: dict[str, float] = {}
+        fired = None
+        if not finite:  # a skipped step: the model did not move, the optimizer state may have
+            fired = {"step": step, "update": float("nan"), "rate": float("nan"), "level": float("nan"),
+                     "new_episode": not self.guard.firing, "nonfinite": True} if self.cfg.mode == "recover" else None
+        elif step % self.cfg.every == 0:
+            record = self.monitor.measure()
+            if "update/output" in record:
+                device = next(self.model.parameters()).device  # every rank decides alike
+                update = float(self.all_reduce(torch.tensor([record["update/output"]], device=device), "mean")[0])
+                fired = self.guard.check(step, update, lr)
+        action = self._act(step, fired) if fired is not None else {}
+        healthy = fired is None and finite and not self.guard.firing
+        if healthy and self.cfg.mode == "recover" and step % self.cfg.snapshot_every == 0:
+            snap = self.snapshots[0] if len(self.snapshots) == self.snapshots.maxlen else Snapshot()
+            snap.take(step, self.model, self.optimizer)
+            self.snapshots.append(snap)
+        if action:
+            self.actions.append(action)
+        return record, action
+
+    def _act(self, step: int, fired: dict) -> dict:
+        action = {"step": step, "update": fired["update"], "level": fired["level"],
+                  "ratio": fired["rate"] / fired["level"] if fired["level"] else float("nan")}
+        if self.cfg.mode == "warn":
+            return {**action, "action": "warn"} if fired["new_episode"] else {}
+        if not self.snapshots or self.recoveries >= self.cfg.max_recoveries:
+            return {**action, "action": "warn", "why": "no snapshot yet" if not self.snapshots
+                    else f"guard.max_recoveries={self.cfg.max_recoveries} reached"} if fired["new_episode"] else {}
+        snap = self.snapshots[0]
+        snap.restore(self.model, self.optimizer)
+        sched = self.scheduler
+        for i, group in enumerate(self.optimizer.param_groups):
+            sched.base_lrs[i] *= self.cfg.lr_backoff
+            group["lr"] = sched.base_lrs[i] * sched.lr_lambdas[i](sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in self.optimizer.param_groups]
+        self.recoveries += 1
+        self.snapshots.clear()
+        self.snapshots.append(snap)  # rolling back twice goes to the same good state
+        self.monitor.reset()
+        self.monitor.measure()
+        self.guard.firing = False
+        return {**action, "action": "recover", "rolled_back_to": snap.step,
+                "lr_scale": self.cfg.lr_backoff ** self.recoveries, "recoveries": self.recoveries}
+
+    def state_dict(self) -> dict:
+        return {"recoveries": self.recoveries, "actions": self.actions}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.recoveries, self.actions = int(state["recoveries"]), list(state["actions"])

@@ -1,0 +1,118 @@
+"""The stability guard (engine/guard.py): the model-update measurement checked by hand, the
+rule's episodes, measuring changes nothing, a run forced to diverge is warned about, rolled
+back and finished with a lower learning rate; a blown-up run ends "diverged"."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from foundation.config import ConfigError
+from foundation.engine.config import resolve
+from foundation.engine.guard import Guard, UpdateMonitor
+from foundation.engine.loop import build_model, train
+
+from support import read_records
+
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from test_engine import final_weights, tiny_config  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def probe_model(tmp_path: Path):
+    cfg, specs = resolve(tiny_config(tmp_path))
+    model = build_model(cfg, specs, log=lambda s: None)
+    task = model.tasks["seq2seq"]
+    data = task.train_dataset()
+    return model, task.collate([data[i] for i in range(4)])
+
+
+def test_update_monitor_measures_relative_changes_and_touches_nothing(tmp_path):
+    model, batch = probe_model(tmp_path)
+    monitor = UpdateMonitor(model, "seq2seq", batch)
+    assert len(monitor.blocks) == 4 and len(monitor.ends) == 2  # encoder and decoder, 2 blocks each
+    model.train()
+    rng = torch.get_rng_state()
+    assert monitor.measure() == {}  # the reference
+    assert torch.equal(torch.get_rng_state(), rng) and model.training
+    with torch.no_grad():
+        for p in monitor.blocks[1].parameters():
+            p.mul_(1.1)  # block 1 moves by exactly 10 % of its norm
+    m = monitor.measure()
+    assert m["update/block1"] == pytest.approx(0.1, rel=1e-5) and m["update/weights_max"] == m["update/block1"]
+    assert m["update/block0"] == m["update/block2"] == m["update/block3"] == 0
+    assert m["update/output"] > 0
+    again = monitor.measure()  # nothing moved since
+    assert again["update/output"] == 0 and again["update/weights_max"] == 0
+
+
+def test_guard_fires_above_its_recent_level_once_per_episode():
+    guard = Guard(factor=4.0, window=10, warmup=5)
+    assert all(guard.check(s, 0.1, lr=0.1) is None for s in range(10))  # rate 1 a unit of lr
+    first = guard.check(10, 0.5, lr=0.1)
+    assert first is not None and first["new_episode"] and first["level"] == 1.0
+    assert guard.check(11, 0.6, lr=0.1)["new_episode"] is False  # the same episode
+    assert guard.check(12, 0.35, lr=0.1) is None  # 3.5x: healthy again
+    assert guard.check(13, 1.0, lr=0.2)["new_episode"]  # per unit of lr: 5x
+    assert guard.check(14, 0.3, lr=0.1) is None
+
+
+def diverging(tmp_path: Path, mode: str, **guard) -> dict:
+    """Tiny seq2seq warmed up to lr 1.5 without clipping: healthy for ~35 steps, then blows up."""
+    return tiny_config(tmp_path / mode, optim={"lr": 1.5, "clip_grad": None}, schedule={"warmup_steps": 100},
+                       train={"steps": 100}, guard={"mode": mode, "warmup": 5, "window": 20, "snapshot_every": 2,
+                                                     **guard})
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [r["loss"] for r in read_records(run_dir) if "loss" in r and "event" not in r]
+
+
+def test_a_diverging_run_is_warned_about_ends_diverged_and_measuring_changes_nothing(tmp_path, capsys):
+    off = train(resolve(diverging(tmp_path, "off"))[0])
+    assert off.status == "diverged" and "blew up" in off.message
+    assert not (off.run_dir / "best").exists() and not any((off.run_dir / "ckpt").glob("*"))  # nothing saved
+    status = json.loads((off.run_dir / "status.json").read_text())
+    assert status["status"] == "diverged" and status["guard"] == {"mode": "off"}
+    warn = train(resolve(diverging(tmp_path, "warn"))[0])
+    assert warn.status == "diverged"
+    assert losses(warn.run_dir) == losses(off.run_dir)  # the measurement does not touch training
+    events = [r for r in read_records(warn.run_dir) if r.get("event") == "guard"]
+    blow_up = next(i for i, v in enumerate(losses(off.run_dir), 1) if v > 2 * losses(off.run_dir)[0])
+    assert events and events[0]["action"] == "warn" and events[0]["step"] < blow_up
+    assert f"guard: step {events[0]['step']}: the model update jumped" in capsys.readouterr().err
+    assert any("update/output" in r for r in read_records(warn.run_dir))
+
+
+def test_recover_rolls_back_lowers_the_lr_and_finishes(tmp_path):
+    result = train(resolve(diverging(tmp_path, "recover"))[0])
+    assert result.status == "finished"
+    assert max(losses(result.run_dir)[-20:]) < losses(result.run_dir)[0]
+    status = json.loads((result.run_dir / "status.json").read_text())
+    recoveries = [a for a in status["guard"]["actions"] if a["action"] == "recover"]
+    assert recoveries and status["guard"]["recoveries"] == len(recoveries)
+    assert recoveries[0]["rolled_back_to"] < recoveries[0]["step"] and recoveries[0]["lr_scale"] == 0.5
+    lrs = {r["step"]: r["lr"] for r in read_records(result.run_dir) if "lr" in r}
+    step = recoveries[0]["step"]  # warm-up: lr = 1.5 * step / 100, halved from the first recovery on
+    assert lrs[step] == pytest.approx(1.5 * step / 100)
+    assert lrs[step + 1] == pytest.approx(1.5 * (step + 1) / 100 * 0.5)
+
+
+def test_off_is_the_default_and_bit_exact(tmp_path):
+    plain = tiny_config(tmp_path / "a")
+    plain.pop("guard", None)
+    train(resolve(plain)[0])
+    train(resolve(tiny_config(tmp_path / "b", guard={"mode": "off"}))[0])
+    a, b = final_weights(tmp_path / "a" / "run"), final_weights(tmp_path / "b" / "run")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("guard, named", [({"mode": "on"}, "guard.mode"), ({"factor": 1.0}, "guard.factor"),
+                                          ({"lr_backoff": 1.0}, "guard.lr_backoff"), ({"every": 0}, "guard.every")])
+def test_bad_guard_settings_name_the_field(tmp_path, guard, named):
+    with pytest.raises(ConfigError, match=named):
+        resolve(tiny_config(tmp_path, guard=guard))
