@@ -25,7 +25,8 @@ COMMANDS = [
     (("compare", "pretraining"), "studies.pretraining:main",
      "cross-modal against single-modality pretraining per task: foundation compare pretraining [--seeds N]"),
     (("compare", "labels"), "studies.labels:main",
-     "fine-tuning at label budgets from scratch and from MIM pretraining (vision): foundation compare labels [--quick]"),
+     "fine-tuning at label budgets from scratch and from each modality's pretraining: "
+     "foundation compare labels [--quick] [--tasks ..]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),
     (("probe", "update"), "studies.probe:main", "DeepNet model-update measurement per norm and depth"),
     (("export", "timm"), "foundation_tasks.classification.export:main",

@@ -163,10 +163,10 @@ class GuardConfig:
     a fixed probe batch; ``warn`` / ``recover`` when it jumps above ``factor`` x its recent median."""
 
     mode: str = "off"  # off (nothing measured) | warn | recover
-    every: int = 1  # steps between measurements
+    every: int = 10  # steps between measurements (a probe forward each: ~2 % of a tiny recipe's step at 10)
     probe_items: int = 8  # items of the first training batch kept as the probe batch
-    window: int = 50  # the recent measurements the level is the median of
-    warmup: int = 20  # measurements before the guard may fire
+    window: int = 20  # the recent measurements the level is the median of
+    warmup: int = 5  # measurements before the guard may fire
     factor: float = 4.0  # fires above this x the level (update per unit of learning rate)
     lr_backoff: float = 0.5  # recover: the learning rate is multiplied by this, for the rest of the run
     snapshot_every: int = 10  # recover: healthy steps between in-memory snapshots to roll back to

@@ -64,7 +64,7 @@ def test_guard_fires_above_its_recent_level_once_per_episode():
 def diverging(tmp_path: Path, mode: str, **guard) -> dict:
     """Tiny seq2seq warmed up to lr 1.5 without clipping: healthy for ~35 steps, then blows up."""
     return tiny_config(tmp_path / mode, optim={"lr": 1.5, "clip_grad": None}, schedule={"warmup_steps": 100},
-                       train={"steps": 100}, guard={"mode": mode, "warmup": 5, "window": 20, "snapshot_every": 2,
+                       train={"steps": 100}, guard={"mode": mode, "every": 1, "warmup": 5, "window": 20, "snapshot_every": 2,
                                                      **guard})
 
 

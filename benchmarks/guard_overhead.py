@@ -1,0 +1,64 @@
+"""What the stability guard's measurement costs a training step: a tiny recipe trained with
+``guard.mode=off`` and ``warn`` in alternation, in one process, the median step time of each.
+
+    python benchmarks/guard_overhead.py                                     # seq2seq tiny, 3 rounds of 150 steps
+    python benchmarks/guard_overhead.py --config configs/vision/tiny_finetune.yaml \\
+        tasks.classification.data_dir=data/vision-demo init_from=null
+    python benchmarks/guard_overhead.py guard.every=4                      # measure every 4th step
+
+Alternating the two settings round by round (off, warn, off, warn, ...) lets a busy spell of the
+machine hit both alike; the ratio of the medians is the overhead. Step time is the engine's own
+``step_time`` (forward, backward, optimizer); the measurement adds one probe forward without
+gradients per measured step after it, so the loop's wall time per step is what is compared
+(from the first step's record to the last: start-up and the final evaluation left out).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+
+def one_run(config: str, overrides: list[str], mode: str, steps: int, out: Path) -> float:
+    """Wall seconds per training step of one run (the loop only: model built, data read before)."""
+    from foundation.engine.config import load_config
+    from foundation.engine.loop import train
+
+    cfg, specs = load_config(config, [*overrides, f"guard.mode={mode}", f"train.steps={steps}", "eval.every=0",
+                                      "save.every=0", f"output_dir={out}", f"run_name={mode}", "overwrite=true",
+                                      "log.progress=false", "log.writers=[jsonl]", "log.every=1"])
+    train(cfg, specs)
+    records = [json.loads(line) for line in (out / mode / "metrics.jsonl").open()]
+    times = [r["time"] for r in records if "loss" in r and "event" not in r]
+    return (times[-1] - times[0]) / max(1, len(times) - 1)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default="configs/seq2seq/tiny.yaml")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("overrides", nargs="*", help="key=value for both settings")
+    a = p.parse_args()
+    import torch
+
+    torch.set_num_threads(1)
+    seconds: dict[str, list[float]] = {"off": [], "warn": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(a.rounds):
+            for mode in ("off", "warn"):
+                seconds[mode].append(one_run(a.config, a.overrides, mode, a.steps, Path(tmp)))
+                print(f"round {r + 1}: guard {mode:4s} {1000 * seconds[mode][-1]:7.2f} ms a step", flush=True)
+    off, warn = statistics.median(seconds["off"]), statistics.median(seconds["warn"])
+    print(f"median ms a step: off {1000 * off:.2f}, warn {1000 * warn:.2f}; overhead {100 * (warn / off - 1):+.1f} %"
+          f" ({a.config} {' '.join(a.overrides)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
