@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from foundation.config import ConfigError
+from foundation.engine.failure import EXIT_CODES, RunDirInUse
 from studies import runs
 from studies.plots import plot_curves
 from studies.report import fmt_lr, lr_table, metrics_table, runs_table, write_json
@@ -130,8 +131,13 @@ class Runner:
         run_dir = self.out / "runs" / spec.name
         head = f"[{i}/{total}] {spec.name}"
         start = time.perf_counter()
-        failure = runs.ensure(self.config, self.run_overrides(spec), run_dir, in_process=self.in_process,
-                              overwrite=self.overwrite, say=self.say, head=head)
+        try:
+            failure = runs.ensure(self.config, self.run_overrides(spec), run_dir, in_process=self.in_process,
+                                  overwrite=self.overwrite, say=self.say, head=head)
+        except RunDirInUse as e:  # --overwrite of a run another process is training: that run refused
+            outcome = Outcome(spec.name, spec.norm, spec.seed, spec.lr, spec.depth, "failed", str(e), run_dir=str(run_dir))
+            self.say(f"{head}: {describe(outcome)}")
+            return outcome
         if failure is not None:
             self.trained += 1
             self.seconds += time.perf_counter() - start
@@ -289,8 +295,20 @@ def main(argv: Sequence[str]) -> int:
         return 2
     out = args.out or Path("runs") / f"compare-{Path(args.config).stem}"
     command = "foundation compare " + " ".join(argv)
-    return compare(Path(args.config), out, norms, seeds, lrs, args.overrides, command=command,
-                   in_process=args.in_process, overwrite=args.overwrite, rules=rules)
+    return exclusive(out, "foundation compare", lambda: compare(
+        Path(args.config), out, norms, seeds, lrs, args.overrides, command=command, in_process=args.in_process,
+        overwrite=args.overwrite, rules=rules))
+
+
+def exclusive(out: Path, prog: str, study: Callable[[], int]) -> int:
+    """``study()`` (its exit code) while this process owns the output folder ``out``: a second
+    invocation into it is refused in one line (exit 5), so that two never run, and judge, the same runs."""
+    try:
+        with runs.owned(out):
+            return study()
+    except RunDirInUse as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return EXIT_CODES["locked"]
 
 
 def compare(config: Path, out: Path, norms: Sequence[str], seeds: Sequence[int], lrs: Sequence[float],

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from foundation.config import ConfigError
-from studies.compare import OWNED, Runner, check_overrides, common_flags, norm_overrides, parse_ints, parse_norms, \
-    parse_seeds, rules_from_args
+from studies.compare import OWNED, Runner, check_overrides, common_flags, exclusive, norm_overrides, parse_ints, \
+    parse_norms, parse_seeds, rules_from_args
 from studies.plots import plot_curves, plot_depth, plot_training
 from studies.report import depth_table, metrics_table, runs_table, write_json
 from studies.verdict import Rules, RunSpec, summarize
@@ -121,9 +121,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     out = args.out or Path("runs") / ("compare-thousand" if args.thousand else "compare-depth")
     command = "foundation compare depth " + " ".join(argv)
-    return depth_compare(out, norms, depths, seeds, steps, lr, args.overrides, command=command,
-                         thousand=args.thousand, in_process=args.in_process, overwrite=args.overwrite,
-                         rules=rules)
+    return exclusive(out, "foundation compare depth", lambda: depth_compare(
+        out, norms, depths, seeds, steps, lr, args.overrides, command=command, thousand=args.thousand,
+        in_process=args.in_process, overwrite=args.overwrite, rules=rules))
 
 
 def depth_recipe(steps: int, lr: float, thousand: bool = False) -> dict:

@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 
 from foundation.engine.recipe import Recipe
 from studies import runs
-from studies.compare import parse_ints, parse_norms
+from studies.compare import exclusive, parse_ints, parse_norms
 from studies.plots import pyplot
 
 TOKENIZER = "configs/vision/tiny_tokenizer.yaml"
@@ -326,8 +326,12 @@ def main(argv: Sequence[str]) -> int:
                   f"(foundation data make {data} --out {Path(a.data) / folders[data]})", file=sys.stderr)
             return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return exclusive(Path(a.out), "foundation compare labels",
+                     lambda: run_study(a, folders, plan, norms, seeds, "foundation compare labels " + " ".join(argv)))
+
+
+def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds, command: str) -> int:
     study = Study(a, folders)
-    command = "foundation compare labels " + " ".join(argv)
     pretrainings = sorted({(n, i) for _, _, inits in plan for i in inits[1:] for n in norms})
     cells = [(r, n, b, i, s) for r, budgets, inits in plan for n in norms for i in inits for b in budgets
              for s in seeds]

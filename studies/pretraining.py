@@ -35,7 +35,7 @@ from typing import Callable, Optional, Sequence
 
 from foundation.config import ConfigError
 from foundation.engine.recipe import Recipe
-from studies.compare import Runner, check_overrides, compare, grid, norm_overrides, parse_norms, parse_seeds
+from studies.compare import Runner, check_overrides, compare, exclusive, grid, norm_overrides, parse_norms, parse_seeds
 from studies.compare import write_report as write_cell_report
 from studies.plots import pyplot
 from studies.verdict import Rules, judge
@@ -182,9 +182,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     chosen = [r for r in known.values() if r.task in wanted]
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread per run is fastest (as foundation demo)
-    return run(a.out, norm, seeds, chosen, pre_config, list(a.overrides), [s.id for s in specs],
-               {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, a.jobs,
-               a.in_process, command="foundation compare pretraining " + " ".join(argv))
+    return exclusive(a.out, "foundation compare pretraining", lambda: run(
+        a.out, norm, seeds, chosen, pre_config, list(a.overrides), [s.id for s in specs],
+        {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, a.jobs, a.in_process,
+        command="foundation compare pretraining " + " ".join(argv)))
 
 
 def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe], pre_config: Path,

@@ -10,17 +10,20 @@ through the readers here:
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import math
 import os
-import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
-from foundation.engine.rundir import STATUS_FILE
+from foundation.engine.failure import RunDirInUse
+from foundation.engine.rundir import STATUS_FILE, clear, lock
 
 METRICS_FILE = "metrics.jsonl"
 DONE = ("finished", "diverged")  # engine statuses that need no further training
@@ -127,9 +130,25 @@ def config_mismatch(run_dir: Path, wanted: dict) -> list[str]:
 # ---------------------------------------------------------------------------- launching
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent(parent: int) -> Callable[[], None]:
+    """A child's preexec_fn: the kernel ends it when the study that started it dies, however it
+    dies (kill -9 included), so no run trains on alone (Linux; elsewhere a re-run waits for it)."""
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None  # loaded before the fork
+
+    def preexec() -> None:
+        if libc is not None:
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # the parent died before prctl
+                os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
 def launch(config: str | Path, overrides: Sequence[str], log: Path, env: Optional[dict] = None) -> int:
     """``foundation train CONFIG overrides`` in its own process, its output appended to ``log``
-    (after the command line); the exit code."""
+    (after the command line); the exit code. The process ends with the caller's."""
     # -P: the working directory is not put first on sys.path, so a file of the user's there
     # (a tasks.py, a studies/ folder) is never imported in place of this project's modules
     cmd = [sys.executable, "-P", "-m", "foundation.cli", "train", str(config), *overrides]
@@ -137,9 +156,23 @@ def launch(config: str | Path, overrides: Sequence[str], log: Path, env: Optiona
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent(os.getpid()),
                               env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     return proc.returncode
+
+
+@contextlib.contextmanager
+def owned(folder: Path) -> Iterator[None]:
+    """Hold ``folder``'s lock (a study's output folder) inside; RunDirInUse naming the holder when
+    another process holds it, so that two studies never run and report into one folder."""
+    fd, holder = lock(folder)
+    if fd is None:
+        raise RunDirInUse(f"{folder} is in use by another study ({holder}); wait for it to end, or choose "
+                          "another --out")
+    try:
+        yield
+    finally:
+        os.close(fd)
 
 
 def train(config: Path, overrides: Sequence[str], run_dir: Path, in_process: bool = False) -> str:
@@ -170,14 +203,28 @@ def train(config: Path, overrides: Sequence[str], run_dir: Path, in_process: boo
 def ensure(config: Path, overrides: Sequence[str], run_dir: Path, *, in_process: bool = False,
            overwrite: bool = False, say: Callable[[str], None] = print, head: str = "") -> Optional[str]:
     """Bring one run to its end once: skipped when status.json says it finished or diverged
-    (unless ``overwrite``: then its directory is replaced), resumed from its last checkpoint
-    when it has begun, else trained. None when skipped, else as ``train``."""
+    (unless ``overwrite``: then its directory is emptied), resumed from its last checkpoint
+    when it has begun, else trained. None when skipped, else as ``train``. A run directory
+    another process holds (a run left by a killed study, a `foundation train` of the user's) is
+    waited for and then judged by its own status.json; ``overwrite`` of it is refused
+    (RunDirInUse), nothing deleted."""
+    if run_dir.is_dir():
+        fd, holder = lock(run_dir)
+        if fd is None:
+            if overwrite:
+                raise RunDirInUse(f"{run_dir} is in use by another process ({holder}); not replaced: wait for it "
+                                  "to end")
+            say(f"{head}: in use by another process ({holder}); waiting for it to end")
+            fd, _ = lock(run_dir, wait=True)
+        try:
+            if overwrite:
+                clear(run_dir)  # under the run's lock: never a directory that another process is training
+        finally:
+            os.close(fd)
     done = status(run_dir)
     if done in DONE and not overwrite:
         say(f"{head}: {done} earlier, skipped")
         return None
-    if overwrite and run_dir.exists():
-        shutil.rmtree(run_dir)
     resume = run_dir.is_dir() and ((run_dir / "ckpt").is_dir() or (run_dir / METRICS_FILE).is_file())
     start = time.perf_counter()
     say(f"{head}: {'resuming' if resume else 'training'} ...")

@@ -33,7 +33,7 @@ from foundation.config import ConfigError
 from foundation.engine.recipe import Recipe
 from foundation.scaling import RULES
 from studies import runs
-from studies.compare import OWNED, Runner, check_overrides, common_flags, grid, parse_floats, parse_ints, \
+from studies.compare import OWNED, Runner, check_overrides, common_flags, exclusive, grid, parse_floats, parse_ints, \
     parse_norms, parse_seeds, rules_from_args
 from studies.verdict import Outcome, Rules
 
@@ -278,9 +278,9 @@ def main(argv: Sequence[str]) -> int:
     except (ConfigError, RuntimeError) as e:
         print(f"foundation compare stability: error: {e}", file=sys.stderr)
         return 2
-    return study(plans, out, norms, seeds, jobs=args.jobs, rules=rules, in_process=args.in_process,
-                 overwrite=args.overwrite, report_only=args.report,
-                 command="foundation compare stability " + " ".join(argv))
+    return exclusive(out, "foundation compare stability", lambda: study(
+        plans, out, norms, seeds, jobs=args.jobs, rules=rules, in_process=args.in_process, overwrite=args.overwrite,
+        report_only=args.report, command="foundation compare stability " + " ".join(argv)))
 
 
 if __name__ == "__main__":

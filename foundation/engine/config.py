@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from omegaconf import DictConfig
 
-from foundation.config import BackboneConfig, ConfigError, apply_override, build, read_yaml, to_dict
+from foundation.config import BackboneConfig, ConfigError, apply_override, build, read_yaml, to_dict  # noqa: F401 - apply_override re-exported
 from foundation.engine.task import Task, get_task, known_tasks
 
 SCHEDULES = ("cosine", "linear", "poly", "constant")

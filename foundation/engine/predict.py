@@ -27,6 +27,7 @@ import abc
 import argparse
 import contextlib
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -41,6 +42,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".opus", ".mp3", ".aiff", ".aif", ".au", ".sph", ".w64", ".caf")
 MAX_BEAM = 64  # ASR beam search: far past any useful width; 100000 ran for minutes on a 50 ms clip
 MAX_IMAGE_SIDE = 4096  # px: the largest side a model file may have its inputs resized to
+# an input image with more pixels is refused from its header: a 48 MP phone photo passes, and
+# PIL's decompression-bomb warning (89 MP) is never reached
+MAX_IMAGE_PIXELS = 64_000_000
 
 
 class InputError(ValueError):
@@ -88,8 +92,8 @@ class Predictor(abc.ABC):
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         for name in ("top_k", "beam", "chunk_seconds"):
-            if options.get(name) is not None and options[name] <= 0:
-                raise InputError(f"--{name.replace('_', '-')} must be > 0, got {options[name]}")
+            if options.get(name) is not None and not (0 < options[name] < math.inf):  # nan fails both
+                raise InputError(f"--{name.replace('_', '-')} must be a finite number > 0, got {options[name]}")
         if options.get("beam") is not None and options["beam"] > MAX_BEAM:
             raise InputError(f"--beam must be at most {MAX_BEAM} (search time grows with it), got {options['beam']}")
         missing = [name for name in self.required if not options.get(name)]
@@ -272,6 +276,7 @@ def predict_main(argv: list[str]) -> int:
 
     from foundation.checkpoint import CheckpointError
     from foundation.config import ConfigError
+    from foundation.engine.failure import one_line
 
     try:
         # building the model from its file may print (a pretrained file it no longer needs,
@@ -281,15 +286,21 @@ def predict_main(argv: list[str]) -> int:
             predictor = load_predictor(a.model, a.task, a.device)
         records = predictor.run(a.inputs, batch_size=a.batch_size, progress=True, **options)
         failed = 0
-        for record in records:
-            if "error" in record:
-                failed += 1
-                tqdm.write(f"foundation predict: error: {record['error']}", file=sys.stderr)
-            elif a.json:
-                tqdm.write(json.dumps(record), file=sys.stdout)  # (tqdm.write: lines above the progress bar)
-            else:
+        with warnings.catch_warnings():
+            # a library's warning: one line (not its source line too), above the progress bar
+            warnings.showwarning = lambda message, *_, **__: tqdm.write(
+                f"foundation predict: warning: {one_line(message)}", file=sys.stderr)
+            for record in records:
                 name = " ".join(record["input"]) if isinstance(record["input"], list) else record["input"]
-                tqdm.write(f"{name}: {predictor.describe(record)}", file=sys.stdout)
+                if "warning" in record:  # the input was used, with a caveat (a truncated audio file)
+                    tqdm.write(f"foundation predict: warning: {name}: {record['warning']}", file=sys.stderr)
+                if "error" in record:
+                    failed += 1
+                    tqdm.write(f"foundation predict: error: {record['error']}", file=sys.stderr)
+                elif a.json:
+                    tqdm.write(json.dumps(record), file=sys.stdout)  # (tqdm.write: lines above the progress bar)
+                else:
+                    tqdm.write(f"{name}: {predictor.describe(record)}", file=sys.stdout)
     except (InputError, NoPredictor, ConfigError, CheckpointError, FileNotFoundError) as e:
         print(f"foundation predict: error: {e}", file=sys.stderr)
         return 2

@@ -60,7 +60,7 @@ class RunDir:
     def __enter__(self) -> "RunDir":
         holder = ""
         if self.env.is_main:
-            holder = self._acquire()
+            self._fd, holder = lock(self.path)
         if not distributed.broadcast_flag(not holder, self.env):
             raise RunDirInUse(f"{self.path} is in use by another run ({holder or 'see rank 0'}); wait for it to "
                               "end, or give this run another run_name=...")
@@ -72,27 +72,9 @@ class RunDir:
             os.close(self._fd)
             self._fd = None
 
-    def _acquire(self) -> str:
-        """'' when locked now, else who holds the lock."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
-            os.close(fd)
-            return holder or "a process that has not written its name yet"
-        os.ftruncate(fd, 0)
-        started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started}: {' '.join(sys.argv)}\n".encode(), 0)
-        self._fd = fd
-        return ""
-
     def clear(self) -> None:
         """Remove everything in the directory but the lock (overwrite=true)."""
-        for p in self.path.iterdir():
-            if p.name != LOCK_FILE:
-                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        clear(self.path)
 
     def record_failure(self, e: BaseException, step: int | None, steps: int) -> None:
         """status.json ("failed", the class, the one line) and the traceback in error.log;
@@ -109,6 +91,33 @@ class RunDir:
             write_text_atomic(self.path / STATUS_FILE, json.dumps(info, indent=2) + "\n")
         except OSError:  # the disk is full: the message on the terminal is all there is
             pass
+
+
+def lock(path: Path, wait: bool = False) -> tuple[int | None, str]:
+    """(fd, '') once this process holds ``path``'s lock (closing fd releases it), else (None, who
+    holds it); ``wait``: block until the holder ends. The holder's pid, host and command go in the file."""
+    path.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace").strip()
+        os.close(fd)
+        return None, holder or "a process that has not written its name yet"
+    except BaseException:  # Ctrl-C while waiting
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since {started}: {' '.join(sys.argv)}\n".encode(), 0)
+    return fd, ""
+
+
+def clear(path: Path) -> None:
+    """Remove everything in ``path`` but its lock (whoever clears holds it)."""
+    for p in path.iterdir():
+        if p.name != LOCK_FILE:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
 
 
 # --------------------------------------------------------------------------- resume: config
@@ -150,15 +159,23 @@ def describe_changes(changes: Sequence[tuple[str, Any, Any]]) -> str:
 
 def resume_changes(path: Path, cfg: Any) -> list[tuple[str, Any, Any]]:
     """The changes of ``cfg`` against the run's config.yaml; ConfigError listing those that
-    ``cfg.allow_change`` does not name. Reads only."""
+    ``cfg.allow_change`` does not name, or naming a key of it that no field matches. Reads only."""
     saved = path / CONFIG_FILE
-    if not saved.is_file():
+    old: dict = {}
+    if saved.is_file():
+        try:
+            old = to_dict(build(type(cfg), OmegaConf.load(saved), where=str(saved)))
+        except (ConfigError, ValueError) as e:
+            raise ConfigError(f"{saved}: the run's config cannot be read to compare it with this one ({e})") from None
+    new = to_dict(cfg)
+    known = set(flatten(old)) | set(flatten(new))
+    unknown = [p for p in cfg.allow_change if not any(_matches(k, [p]) for k in known)]
+    if unknown:  # a typo would otherwise be accepted silently, and the change it meant refused
+        raise ConfigError(f"--allow-change {unknown[0]}: the config has no such field or section (e.g. optim.lr, "
+                          "train.steps, optim)")
+    if not old:
         return []  # a run directory from before config.yaml: nothing to compare with
-    try:
-        old = to_dict(build(type(cfg), OmegaConf.load(saved), where=str(saved)))
-    except (ConfigError, ValueError) as e:
-        raise ConfigError(f"{saved}: the run's config cannot be read to compare it with this one ({e})") from None
-    changes = config_changes(old, to_dict(cfg))
+    changes = config_changes(old, new)
     refused = [c for c in changes if not _matches(c[0], cfg.allow_change)]
     if refused:
         flags = " ".join(f"--allow-change {k}" for k, _, _ in refused)

@@ -7,11 +7,15 @@ the sentencepiece model saved in the model file.
 
 Long files are read and recognised in pieces of at most ``chunk_seconds`` (30 s), each
 cut at the quietest 10 ms inside the last quarter of its window so that a cut rarely
-falls inside a word; the pieces' transcripts are joined with spaces. So neither the
-audio read at once nor the encoder's attention grows with the file's length.
+falls inside a word; the pieces' transcripts are joined with spaces. Pieces are read as
+the encoder takes them (a batch of pieces at a time, across files), so neither memory nor
+the encoder's attention grows with the file's length. A file that holds less audio than
+its header says (a truncated WAV, Ogg or MP3) is transcribed as far as it goes, with a
+``warning`` in its record (a line on stderr from the command line).
 """
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Iterator
 
@@ -22,7 +26,7 @@ import torch
 from foundation.engine.predict import AUDIO_EXTENSIONS, InputError, NoPredictor, Predictor
 from foundation_tasks.asr.decode import beam_search, greedy_search
 from foundation_tasks.asr.tokenizer import Tokenizer
-from foundation_tasks.speech_common.features import SHIFT, WINDOW, fbank
+from foundation_tasks.speech_common.features import SHIFT, WINDOW, cut_short, fbank
 
 CHUNK_SECONDS = 30.0
 
@@ -37,27 +41,26 @@ def quietest_cut(audio: np.ndarray, rate: int) -> int:
     return start + int(np.argmin((frames ** 2).mean(1))) * hop + hop // 2
 
 
-def audio_pieces(path: Path, rate: int, chunk_seconds: float) -> Iterator[tuple[torch.Tensor, float]]:
-    """(mono waveform at ``rate``, seconds) for consecutive pieces of the file."""
+def audio_pieces(f: sf.SoundFile, rate: int, chunk_seconds: float) -> Iterator[tuple[torch.Tensor, float]]:
+    """(mono waveform at ``rate``, seconds) for consecutive pieces of the open file ``f``."""
     import torchaudio.functional as AF
 
-    with sf.SoundFile(str(path)) as f:
-        source_rate = f.samplerate
-        window = max(int(chunk_seconds * source_rate), int(2 * WINDOW * source_rate))
-        carry = np.zeros(0, np.float32)
-        while True:
-            block = f.read(window - len(carry), dtype="float32", always_2d=True)
-            audio = np.concatenate([carry, block.mean(axis=1)])  # channels mixed down
-            last = len(audio) < window
-            cut = len(audio) if last else quietest_cut(audio, source_rate)
-            piece, carry = audio[:cut], audio[cut:]
-            if len(piece):
-                wav = torch.from_numpy(np.ascontiguousarray(piece))
-                if source_rate != rate:
-                    wav = AF.resample(wav, source_rate, rate)
-                yield wav, len(piece) / source_rate
-            if last:
-                return
+    source_rate = f.samplerate
+    window = max(int(chunk_seconds * source_rate), int(2 * WINDOW * source_rate))
+    carry = np.zeros(0, np.float32)
+    while True:
+        block = f.read(window - len(carry), dtype="float32", always_2d=True)
+        audio = np.concatenate([carry, block.mean(axis=1)])  # channels mixed down
+        last = len(audio) < window
+        cut = len(audio) if last else quietest_cut(audio, source_rate)
+        piece, carry = audio[:cut], audio[cut:]
+        if len(piece):
+            wav = torch.from_numpy(np.ascontiguousarray(piece))
+            if source_rate != rate:
+                wav = AF.resample(wav, source_rate, rate)
+            yield wav, len(piece) / source_rate
+        if last:
+            return
 
 
 class ASRPredictor(Predictor):
@@ -74,29 +77,43 @@ class ASRPredictor(Predictor):
             raise NoPredictor("this ASR model has no CMVN statistics (it was never trained)")
 
     def load(self, source, chunk_seconds: float = CHUNK_SECONDS, **_) -> dict:
+        """The file checked to open as audio; it is read in ``predict``, piece by piece."""
         path = Path(source)
         if not path.is_file():
             raise InputError(f"{path}: no such file")
         if path.stat().st_size == 0:
             raise InputError(f"{path}: empty file (0 bytes)")
         try:
-            pieces = list(audio_pieces(path, self.rate, chunk_seconds))
+            sf.info(str(path))
         except (sf.LibsndfileError, RuntimeError, TypeError) as e:
             raise InputError(f"{path}: not an audio file soundfile can read ({e}); a speech model takes audio "
                              "(wav, flac, ogg, mp3, ...)") from None
-        seconds = sum(s for _, s in pieces)
-        # a remainder shorter than one window has no frame; a file that short has nothing
-        feats = [fbank(wav, self.rate, self.mel) for wav, _ in pieces if len(wav) >= int(WINDOW * self.rate)]
-        if not feats:
-            raise InputError(f"{path}: {seconds * 1000:.0f} ms of audio, shorter than one {WINDOW * 1000:.0f} ms "
-                             "analysis window")
-        return {"feats": feats, "seconds": seconds}
+        return {"path": path, "chunk_seconds": chunk_seconds, "seconds": 0.0}
+
+    def features(self, item: dict) -> Iterator[torch.Tensor]:
+        """The filterbanks of the item's pieces as they are read (``item["seconds"]`` counts
+        the audio read; ``item["warning"]`` says when the file held less than its header said)."""
+        with sf.SoundFile(str(item["path"])) as f:
+            for wav, seconds in audio_pieces(f, self.rate, item["chunk_seconds"]):
+                item["seconds"] += seconds
+                if len(wav) >= int(WINDOW * self.rate):  # a remainder shorter than one window has no frame
+                    yield fbank(wav, self.rate, self.mel)
+            if cut_short(f, round(item["seconds"] * f.samplerate)):
+                item["warning"] = (f"the file is truncated (its header promises more audio than it holds); "
+                                   f"transcribed the {item['seconds']:.1f} s it holds")
 
     def predict(self, items, beam: int | None = None, **_) -> list[dict]:
-        feats = [(k, f) for k, item in enumerate(items) for f in item["feats"]]
         texts: list[list[str]] = [[] for _ in items]
-        for start in range(0, len(feats), self.default_batch_size):
-            chunk = feats[start:start + self.default_batch_size]
+
+        def pieces() -> Iterator[tuple[int, torch.Tensor]]:
+            for k, item in enumerate(items):
+                try:
+                    yield from ((k, feats) for feats in self.features(item))
+                except (sf.LibsndfileError, RuntimeError) as e:  # a damaged file, met part-way (FLAC loses sync)
+                    item["error"] = f"{item['path']}: cannot read the audio after {item['seconds']:.1f} s ({e})"
+
+        stream = pieces()
+        while chunk := list(itertools.islice(stream, self.default_batch_size)):
             lens = torch.tensor([f.shape[0] for _, f in chunk])
             x = torch.zeros(len(chunk), int(lens.max()), self.mel)
             for b, (_, f) in enumerate(chunk):
@@ -110,8 +127,17 @@ class ASRPredictor(Predictor):
                                     self.meta["max_symbols_per_frame"])
             for (k, _), hyp in zip(chunk, ids):
                 texts[k].append(self.tokenizer.decode(hyp))
-        return [{"text": " ".join(t for t in parts if t), "seconds": round(item["seconds"], 3)}
-                for parts, item in zip(texts, items)]
+        return [self._record(item, parts) for parts, item in zip(texts, items)]
+
+    @staticmethod
+    def _record(item: dict, parts: list[str]) -> dict:
+        if "error" in item:
+            return {"error": item["error"]}
+        if not parts:  # a file that short has no frame
+            return {"error": f"{item['path']}: {item['seconds'] * 1000:.0f} ms of audio, shorter than one "
+                             f"{WINDOW * 1000:.0f} ms analysis window"}
+        return {"text": " ".join(t for t in parts if t), "seconds": round(item["seconds"], 3),
+                **({"warning": item["warning"]} if "warning" in item else {})}
 
     def describe(self, record) -> str:
         return record["text"]

@@ -54,7 +54,10 @@ class Tokenizer:
         data = self.path.read_bytes() if data is None else data
         self.data = data
         self.crc = zlib.crc32(data)
-        self.sp = spm.SentencePieceProcessor(model_proto=data)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_proto=data)
+        except RuntimeError:  # sentencepiece's C++ parse error, a multi-line message naming its own source
+            raise ValueError(f"{self.path} is not a sentencepiece model (damaged or another kind of file)") from None
         self.size = self.sp.get_piece_size() + 1
         pieces = [self.sp.id_to_piece(i) for i in range(self.sp.get_piece_size()) if not self.sp.is_unknown(i)]
         self.chars = set("".join(pieces).replace("\u2581", "")) | {" "}

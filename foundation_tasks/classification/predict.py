@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from timm.data import create_transform
 
-from foundation.engine.predict import InputError, Predictor, image_side
+from foundation.engine.predict import MAX_IMAGE_PIXELS, InputError, Predictor, image_side
 from foundation_tasks.vision_common.images import ImageDataError, load_image
 
 
@@ -25,7 +25,7 @@ class ClassificationPredictor(Predictor):
 
     def load(self, source, **_) -> torch.Tensor:
         try:
-            return self.transform(load_image(source))
+            return self.transform(load_image(source, max_pixels=MAX_IMAGE_PIXELS))
         except ImageDataError as e:
             raise InputError(str(e)) from None
 

@@ -3,7 +3,9 @@ set's palette and an overlay PNG, named after the input, under ``out``.
 
 The image goes through what evaluation does (mmseg's ``Resize`` to the training scale
 keeping the aspect ratio, ImageNet normalisation), whole-image or sliding-window
-inference as the config says, and the logits are resized back to the image. The label
+inference as the config says, and the logits are resized back to the image (bilinear, a
+band of rows at a time: memory beyond the image itself does not grow with the photo; an
+image above ``MAX_IMAGE_PIXELS`` is refused from its header). The label
 PNG holds the annotation's own values (ADE20k: class index + 1, 0 = unlabelled), as a
 palette image: it opens as a colour picture and reads back as class ids. An ``out`` inside
 an input folder is refused (its masks would be read, or overwrite files read, as inputs),
@@ -19,16 +21,17 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from foundation.engine.predict import InputError, Predictor, image_side
+from foundation.engine.predict import MAX_IMAGE_PIXELS, InputError, Predictor, image_side
 from foundation_tasks.vision_common.images import ImageDataError, load_image
 
 DEFAULT_OUT = "predictions"
 OVERLAY_ALPHA = 0.5  # weight of the class colours over the image
+BAND = 2**24  # logits resized to the image at most this many at a time (64 MB of float32)
 
 
 class SegmentationPredictor(Predictor):
     input_kind = "image"
-    default_batch_size = 4  # images differ in size: each goes through the model alone
+    default_batch_size = 1  # images differ in size, each goes through the model alone: one image in memory
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -37,6 +40,8 @@ class SegmentationPredictor(Predictor):
         for key in ("scale", "crop", "stride"):
             image_side(key, m[key])
         self.colors = np.asarray(m["palette"], np.uint8)
+        if len(self.classes) + self.offset > 256:
+            raise ValueError(f"{len(self.classes)} classes from label {self.offset} do not fit a label PNG (256 values)")
         self.written: set[Path] = set()  # inputs and outputs of this call: same-named inputs get _2, _3 ...
         self.mean = torch.tensor(m["mean"]).view(3, 1, 1)
         self.std = torch.tensor(m["std"]).view(3, 1, 1)
@@ -68,7 +73,7 @@ class SegmentationPredictor(Predictor):
         from mmcv import imrescale
 
         try:
-            image = np.asarray(load_image(source))
+            image = np.asarray(load_image(source, max_pixels=MAX_IMAGE_PIXELS))
         except ImageDataError as e:
             raise InputError(str(e)) from None
         s = self.meta["scale"]
@@ -83,12 +88,29 @@ class SegmentationPredictor(Predictor):
         for item in items:
             logits = self.head.predict_logits(self.backbone, item["x"][None].to(self.device), m["mode"], m["crop"],
                                               m["stride"])
-            logits = F.interpolate(logits.float(), size=item["image"].shape[:2], mode="bilinear", align_corners=False)
-            labels = logits.argmax(1)[0].cpu().numpy()
-            records.append(self._write(item, labels, folder))
+            records.append(self._write(item, *self._paint(logits[0].float(), item["image"]), folder))
         return records
 
-    def _write(self, item: dict, labels: np.ndarray, folder: Path) -> dict:
+    def _paint(self, logits: torch.Tensor, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The label map (the annotation's values) and the overlay of ``image``: ``logits``
+        (C, h, w) resized to the image as ``F.interpolate(mode="bilinear")`` does, then argmax,
+        a band of rows at a time (a 48 MP photo at full size would be C x 192 MB of logits)."""
+        H, W = image.shape[:2]
+        # the sampling points of a bilinear resize with align_corners=False, in grid_sample's -1..1
+        gx = (2 * torch.arange(W, dtype=torch.float32, device=logits.device) + 1) / W - 1
+        gy = (2 * torch.arange(H, dtype=torch.float32, device=logits.device) + 1) / H - 1
+        mask, overlay = np.empty((H, W), np.uint8), np.empty_like(image)
+        rows = max(1, BAND // (logits.shape[0] * W))
+        for r in range(0, H, rows):
+            y = gy[r:r + rows]
+            grid = torch.stack([gx.expand(len(y), W), y[:, None].expand(len(y), W)], -1)[None]
+            band = F.grid_sample(logits[None], grid, mode="bilinear", padding_mode="border", align_corners=False)
+            labels = band.argmax(1)[0].cpu().numpy()
+            mask[r:r + rows] = labels + self.offset
+            overlay[r:r + rows] = ((1 - OVERLAY_ALPHA) * image[r:r + rows] + OVERLAY_ALPHA * self.colors[labels]).round()
+        return mask, overlay
+
+    def _write(self, item: dict, mask: np.ndarray, overlay: np.ndarray, folder: Path) -> dict:
         stem, n = item["source"].stem, 1
         # a/x.jpg and b/x.jpg in one run; an input named like an output
         while {(folder / f"{stem}_{kind}.png").resolve() for kind in ("mask", "overlay")} & self.written:
@@ -96,14 +118,13 @@ class SegmentationPredictor(Predictor):
             stem = f"{item['source'].stem}_{n}"
         mask_path, overlay_path = folder / f"{stem}_mask.png", folder / f"{stem}_overlay.png"
         self.written |= {mask_path.resolve(), overlay_path.resolve()}
-        mask = Image.fromarray((labels + self.offset).astype(np.uint8)).convert("P")
+        image = Image.fromarray(mask, "L").convert("P")
         palette = np.zeros((256, 3), np.uint8)
         palette[self.offset:self.offset + len(self.colors)] = self.colors
-        mask.putpalette(palette.flatten().tolist())
-        mask.save(mask_path)
-        blend = (1 - OVERLAY_ALPHA) * item["image"] + OVERLAY_ALPHA * self.colors[labels]
-        Image.fromarray(blend.round().astype(np.uint8)).save(overlay_path)
-        counts = np.bincount(labels.ravel(), minlength=len(self.classes)) / labels.size
+        image.putpalette(palette.flatten().tolist())
+        image.save(mask_path)
+        Image.fromarray(overlay).save(overlay_path)
+        counts = np.bincount(mask.ravel(), minlength=256)[self.offset:self.offset + len(self.classes)] / mask.size
         areas = [{"label": self.classes[i], "fraction": round(float(counts[i]), 4)} for i in np.argsort(-counts)
                  if counts[i] > 0]
         return {"mask": str(mask_path), "overlay": str(overlay_path), "areas": areas}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
@@ -73,6 +74,22 @@ def load_audio(utt: Utterance, sample_rate: int) -> torch.Tensor:
         raise SpeechDataError(f"utterance {utt.id}: cannot read {utt.audio}: {e}") from None
     _checked_frames(utt, wav.shape[0], rate, sample_rate)
     return torch.from_numpy(wav.mean(axis=1))
+
+
+# libsndfile's log of a file whose chunk sizes promise more than the file holds (WAV, AIFF:
+# "data : 96000 (should be 47978)"), or of an Ogg stream that stops before its last page
+_CUT_SHORT = re.compile(r": (\d+) \(should be (\d+)\)|lacks an end-of-stream")
+
+
+def cut_short(f: sf.SoundFile, frames_read: int) -> bool:
+    """Whether the open file ``f`` held less audio than its header says (``frames_read`` of
+    it could be read): libsndfile reads a truncated WAV or Ogg to where it ends without an
+    error; its log says so, or (MP3) the header's frame count exceeds what was read."""
+    for m in _CUT_SHORT.finditer(f.extra_info):
+        # a size one byte over is a missing pad byte; 0xFFFFFFFF the "unknown" size of a streamed WAV
+        if m.group(1) is None or int(m.group(2)) + 1 < int(m.group(1)) < 0xFFFFFFFF:
+            return True
+    return frames_read < f.frames - max(1, f.frames // 100)  # an MP3's count is an estimate
 
 
 def fbank(wav: torch.Tensor, sample_rate: int, num_mel_bins: int = 80) -> torch.Tensor:

@@ -11,16 +11,19 @@ but not for two kinds of file:
   hold (often black). Here they are composited over white, as a viewer shows them.
 
 ``open_rgb`` decodes the whole file at once, so a truncated JPEG or PNG fails there, with
-the file's name, rather than silently (OpenCV) or later without a name.
+the file's name, rather than silently (OpenCV) or later without a name. It applies the EXIF
+orientation as every viewer does (a phone photo stored sideways with orientation 6 reads
+upright), for training and prediction alike.
 """
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import BinaryIO, Callable
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 WHITE = (255, 255, 255, 255)
 
@@ -42,35 +45,46 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 
 def open_rgb(source: str | Path | BinaryIO, error: type[Exception] = ValueError, modes: Counter | None = None,
-             name: str | Path | None = None) -> Image.Image:
+             name: str | Path | None = None, max_pixels: int | None = None) -> Image.Image:
     """The RGB image in the file ``source`` (a path, or an open binary file called
     ``name``); ``error`` naming the file when it is missing, not an image, truncated or too
-    large to decode. ``modes`` counts the modes met."""
+    large to decode (``max_pixels``: more pixels than that, refused from the header before
+    anything is decoded). ``modes`` counts the modes met."""
     name = source if name is None else name
     try:
-        with Image.open(source) as im:
-            im.load()  # decode now: a truncated file fails here
-            if modes is not None:
-                modes[im.mode] += 1
-            return to_rgb(im)
+        with warnings.catch_warnings():
+            if max_pixels is not None:  # a stricter limit than PIL's bomb warning, which would print two lines first
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(source)
+        with opened as im:
+            w, h = im.size
+            if max_pixels is None or w * h <= max_pixels:
+                im.load()  # decode now: a truncated file fails here
+                if modes is not None:
+                    modes[im.mode] += 1
+                ImageOps.exif_transpose(im, in_place=True)  # the image as shown, not as stored
+                return to_rgb(im)
     except FileNotFoundError:
         raise error(f"{name}: image not found") from None
     except UnidentifiedImageError:
         raise error(f"{name}: not an image file (or a format PIL cannot read)") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise error(f"{name}: cannot read the image ({e})") from None
+    raise error(f"{name}: the image is {w}x{h} pixels ({w * h / 1e6:.0f} megapixels), more than the "
+                f"{max_pixels / 1e6:.0f} megapixels read at most; downscale it first")
 
 
 class ImageDataError(ValueError):
     """An image file or folder cannot be used; the message names it."""
 
 
-def load_image(path: str | Path, min_size: int = 1, modes: Counter | None = None) -> Image.Image:
+def load_image(path: str | Path, min_size: int = 1, modes: Counter | None = None,
+               max_pixels: int | None = None) -> Image.Image:
     """The RGB image at ``path`` (any PIL mode converted as ``vision_common.images.to_rgb``
     says: 16-bit scaled down, alpha over white); ``ImageDataError`` naming the file if it
-    cannot be read (missing, unreadable, not an image, truncated) or is smaller than
-    ``min_size``. ``modes`` counts the file modes met."""
-    image = open_rgb(path, ImageDataError, modes)
+    cannot be read (missing, unreadable, not an image, truncated), is smaller than
+    ``min_size`` or has more than ``max_pixels``. ``modes`` counts the file modes met."""
+    image = open_rgb(path, ImageDataError, modes, max_pixels=max_pixels)
     if min(image.size) < min_size:
         raise ImageDataError(f"{path}: the image is {image.size[0]}x{image.size[1]} pixels, smaller than "
                              f"min_image_size={min_size}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from foundation.engine.predict import InputError, Predictor, image_side
+from foundation.engine.predict import MAX_IMAGE_PIXELS, InputError, Predictor, image_side
 from foundation_tasks.vision_common.images import ImageDataError, load_image
 from foundation_tasks.vl_common.images import image_transform
 from foundation_tasks.vl_common.text import SentencePieceTokenizer, get_tokenizer, pad_texts
@@ -23,7 +23,7 @@ class VLPredictor(Predictor):
 
     def image(self, source) -> torch.Tensor:
         try:
-            return self.transform(load_image(source))
+            return self.transform(load_image(source, max_pixels=MAX_IMAGE_PIXELS))
         except ImageDataError as e:
             raise InputError(str(e)) from None
 

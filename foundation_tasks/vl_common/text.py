@@ -93,10 +93,14 @@ class SentencePieceTokenizer(Tokenizer):
         """From the model file, or from its bytes (as a model file of a run carries them)."""
         import sentencepiece as spm
 
-        if model_proto is not None:
-            self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
-        else:
-            self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        try:
+            if model_proto is not None:
+                self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+            else:
+                self.sp = spm.SentencePieceProcessor(model_file=str(model_file))
+        except RuntimeError:  # sentencepiece's C++ parse error, a multi-line message naming its own source
+            raise ValueError(f"{'the sentencepiece model' if model_proto is not None else model_file} is not a "
+                             "sentencepiece model (damaged or another kind of file)") from None
         self.bos_id, self.pad_id, self.eos_id, self.unk_id = 0, 1, 2, 3
         n = self.sp.get_piece_size()
         self.mask_id, self.size, self.first_piece = n + self.OFFSET, n + self.OFFSET + 1, 4

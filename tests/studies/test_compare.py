@@ -78,7 +78,7 @@ def test_seeds_mean_std_and_resume(tmp_path, monkeypatch, toy, write_config):
     assert em["per_seed"] == per_seed and em["mean"] == pytest.approx(sum(per_seed) / 2)
     assert em["std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2 ** 0.5)
     report = (out / "report.md").read_text()
-    assert f"± " in report and f"({per_seed[0]:.4f}, {per_seed[1]:.4f})" in report
+    assert "± " in report and f"({per_seed[0]:.4f}, {per_seed[1]:.4f})" in report
 
     trained = []
     real = loop.train

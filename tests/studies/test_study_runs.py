@@ -2,8 +2,16 @@
 the MIM table (studies/mim.py), the vision-language table (studies/vl_table.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from studies import runs
 
@@ -81,3 +89,118 @@ def test_a_run_started_by_a_study_never_imports_the_working_directory(tmp_path, 
                                                 f"output_dir={run_dir.parent}", "run_name=run"], run_dir)
     assert failure == "" and runs.status(run_dir) == "finished"
     assert not marker.exists(), marker.read_text()
+
+
+# ---------------------------------------------------------------------------- owners of run and output folders
+
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from foundation.engine.distributed import Env
+from foundation.engine.rundir import RunDir
+with RunDir(sys.argv[1], Env(0, 1, 0, None, False)):
+    print("held", flush=True)
+    time.sleep(float(sys.argv[2]))
+    if len(sys.argv) > 3:  # the run ends: its status, then its lock
+        (Path(sys.argv[1]) / "status.json").write_text(sys.argv[3])
+"""
+
+
+@contextlib.contextmanager
+def held(folder: Path, seconds: float = 600, status: str | None = None):
+    """Another process holding ``folder``'s lock (for ``seconds``, then writing ``status``)."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder), str(seconds), *([status] if status else [])],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_overwrite_never_deletes_a_run_that_another_process_holds(tmp_path, capsys, toy, write_config):
+    """`compare --overwrite` takes a run's lock before emptying its directory: a run another
+    process is training is refused in one line and left as it is."""
+    from studies import compare
+
+    out = tmp_path / "cmp"
+    run_dir = out / "runs" / compare.run_name("magneto", 3e-3, 0)
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    with held(run_dir) as holder:
+        code = compare.main([str(write_config(toy(steps=2))), "--norms", "magneto", "--out", str(out),
+                             "--overwrite", "--in-process"])
+    assert code == 0 and (run_dir / "metrics.jsonl").read_text() == '{"step": 1, "loss": 1.0}\n'
+    lines = [line for line in capsys.readouterr().out.splitlines() if "in use" in line]
+    assert len(lines) == 1 and f"pid {holder.pid}" in lines[0] and "failed" in lines[0] and "not replaced" in lines[0]
+    assert json.loads((out / "results.json").read_text())["runs"][0]["verdict"] == "failed"
+
+
+def test_a_second_compare_into_one_output_folder_is_refused(tmp_path, capsys, toy, write_config):
+    """One `foundation compare` per output folder: a second one (the same command in another
+    terminal) is refused in one line, exit 5, before it trains or reports anything."""
+    from studies import compare
+
+    out = tmp_path / "cmp"
+    with held(out) as holder:
+        code = compare.main([str(write_config(toy(steps=2))), "--norms", "magneto", "--out", str(out), "--in-process"])
+    assert code == 5
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"pid {holder.pid}" in err and "--out" in err
+    assert sorted(p.name for p in out.iterdir()) == [".lock"]
+
+
+def test_a_rerun_waits_for_a_run_still_held_and_judges_it_by_its_status(tmp_path, monkeypatch):
+    """A run that another process still holds (left by a killed study) is waited for, then
+    judged by the status.json it wrote, not trained again nor marked failed."""
+    monkeypatch.setattr(runs, "train", lambda *a, **k: pytest.fail("a held run was trained again"))
+    said = []
+    run_dir = tmp_path / "run"
+    with held(run_dir, 1.0, json.dumps({"status": "finished", "step": 2})):
+        assert runs.ensure(Path("cfg.yaml"), [], run_dir, say=said.append, head="[1/1] run") is None
+    assert "waiting for it to end" in said[0] and said[-1] == "[1/1] run: finished earlier, skipped"
+
+
+PARENT = """
+import sys
+from pathlib import Path
+from studies import runs
+runs.launch(Path(sys.argv[1]), sys.argv[3:], Path(sys.argv[2]))
+"""
+
+
+def test_a_killed_study_takes_its_training_child_with_it(tmp_path, toy, write_config):
+    """kill -9 of a study's process ends the `foundation train` it started (no run trains on
+    alone to be found locked, and judged failed, by the re-run)."""
+    run_dir = tmp_path / "out" / "run"
+    config = write_config(toy(steps=10**6, eval_every=0))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(config), str(tmp_path / "train.log"),
+                               f"output_dir={run_dir.parent}", "run_name=run"])
+    child = None
+    try:
+        deadline = time.monotonic() + 120
+        while child is None and time.monotonic() < deadline:  # the engine names itself in the run's lock
+            text = (run_dir / ".lock").read_text() if (run_dir / ".lock").is_file() else ""
+            child = int(text.split()[1]) if text.startswith("pid ") else None
+            time.sleep(0.2)
+        assert child is not None, (tmp_path / "train.log").read_text()
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(child)
+    finally:
+        parent.kill()
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie has ended (its parent is gone; init reaps it)

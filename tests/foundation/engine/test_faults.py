@@ -120,6 +120,21 @@ def test_resume_with_a_changed_lr_is_refused_and_changes_nothing(tmp_path):
     assert snapshot(tmp_path / "run") == before
 
 
+def test_an_allow_change_key_that_names_no_field_is_refused(tmp_path, capsys):
+    """`--allow-change bogus.key` was accepted silently (a typo: the change meant is then refused
+    as if no flag were given); it names the key in one line and changes nothing."""
+    path = write_config(tmp_path, tiny_config(tmp_path, train={"steps": 4}))
+    assert cli.train_main([str(path), "train.stop_at=2"]) == 0
+    before = snapshot(tmp_path / "run")
+    capsys.readouterr()
+    assert cli.train_main([str(path), "--resume", "--allow-change", "bogus.key"]) == EXIT_CODES["config"]
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--allow-change bogus.key: the config has no such field or section" in err
+    assert snapshot(tmp_path / "run") == before
+    # a section and a pattern name fields
+    assert cli.train_main([str(path), "--resume", "--allow-change", "optim", "--allow-change", "log.*"]) == 0
+
+
 def test_resume_with_an_allowed_lr_change_trains_with_it_and_records_it(tmp_path, capsys):
     """Steps 5-8 after `--resume optim.lr=1e-3 --allow-change optim.lr` use exactly the lrs
     of a run trained with 1e-3 from the start; config.yaml says 1e-3 and keeps the history."""
@@ -408,6 +423,26 @@ def test_every_image_mode_reads_as_its_colours(tmp_path, mode, read):
     rgb = read(path)
     assert rgb.shape == (4, 4, 3) and rgb.dtype == np.uint8
     assert np.abs(rgb.astype(int) - np.array(want)).max() <= 1, (mode, rgb[0, 0], want)
+
+
+def phone_photo(path: Path) -> Path:
+    """A JPEG stored 40x20 (W x H), red on the left, blue on the right, with EXIF orientation 6
+    (turn 90 degrees clockwise to show): shown 20x40, red on top."""
+    stored = np.zeros((20, 40, 3), np.uint8)
+    stored[:, :20] = (255, 0, 0)
+    stored[:, 20:] = (0, 0, 255)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation
+    Image.fromarray(stored).save(path, exif=exif, quality=95)
+    return path
+
+
+@pytest.mark.parametrize("read", [_read_classification, _read_vl, _read_segmentation],
+                         ids=["classification", "vl", "segmentation"])
+def test_every_reader_applies_the_exif_orientation(tmp_path, read):
+    rgb = read(phone_photo(tmp_path / "photo.jpg")).astype(int)
+    assert rgb.shape == (40, 20, 3)
+    assert np.abs(rgb[5, 10] - (255, 0, 0)).max() < 40 and np.abs(rgb[35, 10] - (0, 0, 255)).max() < 40
 
 
 @pytest.mark.parametrize("mode", ["I", "I;16B", "PA"])

@@ -4,6 +4,7 @@ elsewhere and the training data deleted, then `foundation predict` (a subprocess
 naming the file."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -135,20 +136,46 @@ def test_bad_inputs_name_the_file(classifier, tmp_path):
         load_predictor(classifier, device="cpu")(str(sound))
 
 
-def forge(model_dir: Path, out: Path, config: dict | None = None, meta: dict | None = None) -> Path:
+def test_a_library_warning_while_predicting_is_one_line(classifier, tmp_path, monkeypatch, capsys):
+    """A warning raised by a library while inputs are read (PIL, torchaudio ...) printed its
+    source line too; it is one line above the results."""
+    import warnings
+
+    from foundation.engine.predict import predict_main
+    from foundation_tasks.classification.predict import ClassificationPredictor
+
+    real = ClassificationPredictor.load
+
+    def load(self, source, **options):
+        warnings.warn("a library's note\nover two lines", RuntimeWarning)
+        return real(self, source, **options)
+
+    monkeypatch.setattr(ClassificationPredictor, "load", load)
+    image = picture(tmp_path / "a.png")
+    assert predict_main([str(classifier), str(image), "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "foundation predict: warning: RuntimeWarning: a library's note; over two lines\n"
+    assert out.startswith(f"{image}: ")
+
+
+def forge(model_dir: Path, out: Path, config: dict | None = None, meta: dict | None = None,
+          header: dict | None = None) -> Path:
     """A copy of a run's model file, its first task's config fields and its metadata's
-    sections edited (a section given as a dict is merged into the saved one)."""
+    sections edited (a section given as a dict is merged into the saved one, a key set to
+    None dropped; bytes as the file keeps them), and ``header`` entries replaced."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
-        header, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
-    cfg, extra = json.loads(header[checkpoint.META_CONFIG]), json.loads(header[checkpoint.META_EXTRA])
+        saved, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    cfg, extra = json.loads(saved[checkpoint.META_CONFIG]), json.loads(saved[checkpoint.META_EXTRA])
     cfg["tasks"][0].update(config or {})
     for section, value in (meta or {}).items():
-        extra[section] = {**extra[section], **value} if isinstance(value, dict) else value
-    save_file(tensors, str(out), metadata={**header, checkpoint.META_CONFIG: json.dumps(cfg),
-                                           checkpoint.META_EXTRA: json.dumps(extra)})
+        if isinstance(value, dict):
+            value = {k: v for k, v in {**extra[section], **value}.items() if v is not None}
+        extra[section] = value
+    save_file(tensors, str(out), metadata={**saved, checkpoint.META_CONFIG: json.dumps(cfg),
+                                           checkpoint.META_EXTRA: json.dumps(extra), **(header or {})})
     return out
 
 
@@ -176,6 +203,36 @@ def test_a_metadata_section_that_is_not_a_mapping_is_one_line(classifier, tmp_pa
     done = cli(str(forged), str(picture(tmp_path / "a.png")), expect=2)
     assert done.stdout == "" and done.stderr.count("\n") == 1
     assert f"{forged}: the prediction metadata of task 'classification' is a str, not a mapping" in done.stderr
+
+
+GARBAGE = {"base64": base64.b64encode(b"not a sentencepiece model " * 8).decode()}  # bytes as a model file holds them
+
+
+@pytest.mark.parametrize("run, config, meta, needle", [
+    ("classifier", {}, {"classification": {"classes": None}}, "is not usable: no 'classes'"),
+    ("recognizer", {}, {"asr": {"tokenizer": GARBAGE}}, "is not a sentencepiece model"),
+    ("recognizer", {}, {"asr": {"sample_rate": 0}}, "asr.sample_rate is 0, but the model's config says 16000"),
+    ("recognizer", {"sample_rate": 0}, {"asr": {"sample_rate": 0}}, "field 'sample_rate': must be >= 1 (got 0)"),
+    ("nlvr2", {}, {"nlvr2": {"spm_model": GARBAGE}}, "is not a sentencepiece model"),
+])
+def test_forged_metadata_is_one_line(request, tmp_path, run, config, meta, needle):
+    """What a model file's metadata holds (missing classes, a damaged sentencepiece model, a
+    sample rate of 0) is refused in one line, exit 2: the sentencepiece model was a traceback."""
+    model = request.getfixturevalue("vl_runs")[run] if run == "nlvr2" else request.getfixturevalue(run)
+    forged = forge(model, tmp_path / "model.safetensors", config, meta)
+    done = cli(str(forged), str(picture(tmp_path / "a.png")), expect=2)
+    assert done.stderr.count("\n") == 1 and needle in done.stderr and str(forged) in done.stderr
+
+
+def test_a_missing_module_named_in_a_model_file_is_never_imported(classifier, tmp_path):
+    """`foundation.module` naming a module that does not exist: predict and export timm build
+    the model from this project's own classes, as for any module the file names."""
+    forged = forge(classifier, tmp_path / "model.safetensors", header={checkpoint.META_MODULE: "no_such_module.x"})
+    assert cli(str(forged), str(picture(tmp_path / "a.png"))).stdout.startswith(str(tmp_path / "a.png"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "foundation.cli", "export", "timm", str(forged), "--out",
+                           str(tmp_path / "timm.safetensors")], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and (tmp_path / "timm.safetensors").is_file(), done.stderr
 
 
 def test_model_files_without_a_predictor_are_refused(tmp_path, capsys):
@@ -266,6 +323,44 @@ def test_segmentation_never_writes_onto_its_inputs(segmenter, tmp_path):
     assert mine.read_bytes() == kept
 
 
+def test_segmentation_of_a_huge_or_turned_photo(segmenter, tmp_path):
+    """A 90-megapixel image (11 kB of PNG) is refused from its header in one line, without PIL's
+    two-line bomb warning (13,000 x 13,000 px peaked at 16.5 GB); a phone photo stored 40x20 with
+    EXIF orientation 6 gets the 20x40 mask of the picture as shown."""
+    huge = tmp_path / "huge.png"
+    Image.new("1", (10000, 9000)).save(huge)
+    turned = tmp_path / "turned.jpg"
+    exif = Image.Exif()
+    exif[0x0112] = 6  # Orientation: turn 90 degrees clockwise to show
+    picture(tmp_path / "stored.png", (40, 20))
+    Image.open(tmp_path / "stored.png").save(turned, exif=exif)
+    done = cli(str(segmenter), str(huge), str(turned), "--out", str(tmp_path / "out"), "--json", expect=1)
+    assert done.stderr.count("\n") == 1 and "Warning" not in done.stderr
+    assert f"{huge}: the image is 10000x9000 pixels (90 megapixels), more than the 64 megapixels" in done.stderr
+    [record] = json_lines(done)
+    assert Image.open(record["mask"]).size == Image.open(record["overlay"]).size == (20, 40)
+
+
+def test_segmentation_logits_are_resized_a_band_at_a_time(monkeypatch):
+    """The label map and overlay equal those of the logits resized to the whole image at once
+    (F.interpolate, as evaluation does), computed in bands of a few rows."""
+    from types import SimpleNamespace
+
+    import torch.nn.functional as F
+
+    from foundation_tasks.segmentation import predict
+
+    monkeypatch.setattr(predict, "BAND", 5 * 37 * 4)  # 4 rows of 37 pixels, 5 classes
+    rng = np.random.default_rng(0)
+    logits = torch.from_numpy(rng.normal(size=(5, 7, 9)).astype(np.float32))
+    image = rng.integers(0, 256, (26, 37, 3), dtype=np.uint8)
+    colors = rng.integers(0, 256, (5, 3), dtype=np.uint8)
+    mask, overlay = predict.SegmentationPredictor._paint(SimpleNamespace(offset=1, colors=colors), logits, image)
+    labels = F.interpolate(logits[None], size=(26, 37), mode="bilinear", align_corners=False).argmax(1)[0].numpy()
+    assert np.array_equal(mask, labels + 1)
+    assert np.array_equal(overlay, (0.5 * image + 0.5 * colors[labels]).round().astype(np.uint8))
+
+
 # --------------------------------------------------------------------------- speech recognition
 
 
@@ -312,11 +407,11 @@ def test_speech_from_a_44k_stereo_file(recognizer, tmp_path):
     # what the model hears: the 44.1 kHz stereo file mixed down and resampled gives the
     # filterbanks of the same signal recorded at 16 kHz mono
     sf.write(tmp_path / "mono16k.wav", tone(16000), 16000)
-    ours, direct = (p.load(str(f))["feats"][0] for f in (wav, tmp_path / "mono16k.wav"))
+    ours, direct = (next(p.features(p.load(str(f)))) for f in (wav, tmp_path / "mono16k.wav"))
     assert ours.shape == direct.shape
     assert ((ours.exp() - direct.exp()).abs().sum() / direct.exp().sum()) < 0.02
     # long audio in pieces: 1.3 s cut into pieces of at most 0.5 s
-    assert len(p.load(str(wav), chunk_seconds=0.5)["feats"]) == 3
+    assert len(list(p.features(p.load(str(wav), chunk_seconds=0.5)))) == 3
     assert p(str(wav), chunk_seconds=0.5)["seconds"] == pytest.approx(1.3, abs=1e-3)
 
     image = picture(tmp_path / "photo.png")
@@ -333,11 +428,67 @@ def test_long_audio_is_read_in_bounded_pieces(tmp_path):
     audio = np.random.default_rng(0).normal(0, 0.1, 5 * rate).astype(np.float32)
     audio[int(1.9 * rate):int(1.95 * rate)] = 0.0  # a pause near the end of the first 2 s window
     sf.write(tmp_path / "long.wav", np.stack([audio, audio], axis=1), rate)
-    pieces = list(audio_pieces(tmp_path / "long.wav", 16000, chunk_seconds=2.0))
+    with sf.SoundFile(tmp_path / "long.wav") as f:
+        pieces = list(audio_pieces(f, 16000, chunk_seconds=2.0))
     assert len(pieces) == 3 and all(seconds <= 2.0 for _, seconds in pieces)
     assert 1.9 <= pieces[0][1] <= 1.95  # cut in the pause
     assert sum(seconds for _, seconds in pieces) == pytest.approx(5.0)
     assert sum(len(wav) for wav, _ in pieces) == pytest.approx(5 * 16000, abs=3)  # resampled to 16 kHz
+
+
+def test_long_audio_keeps_a_batch_of_pieces_in_memory(recognizer, tmp_path, monkeypatch):
+    """Memory does not grow with the audio's length: pieces are read as the encoder takes them
+    (load kept every piece's features: 0.87 GB for 1.6 s, 1.72 GB for 120 min)."""
+    import weakref
+
+    from foundation import load_predictor
+    from foundation_tasks.asr import predict
+
+    sf.write(tmp_path / "long.wav", np.tile(tone(8000, 1.0), 60), 8000)  # a minute, read in 1 s pieces
+    live, peak = set(), [0]
+
+    def tracked(*args):
+        feats = predict_fbank(*args)
+        live.add(id(feats))
+        weakref.finalize(feats, live.discard, id(feats))
+        peak[0] = max(peak[0], len(live))
+        return feats
+
+    predict_fbank = predict.fbank
+    monkeypatch.setattr(predict, "fbank", tracked)
+    p = load_predictor(recognizer, device="cpu")
+    record = p(str(tmp_path / "long.wav"), chunk_seconds=1.0)
+    assert record["seconds"] == pytest.approx(60.0) and "warning" not in record
+    assert peak[0] <= 2 * p.default_batch_size  # the batch in the encoder, the next one being read
+
+
+@pytest.mark.parametrize("fmt", ["WAV", "OGG"])
+def test_a_truncated_audio_file_is_transcribed_with_a_warning(recognizer, tmp_path, fmt):
+    """A WAV or Ogg cut short (an interrupted copy) was transcribed as its readable part without a
+    word: its record says so, and the command line prints one warning line."""
+    whole = tmp_path / f"whole.{fmt.lower()}"
+    noisy = tone(16000, 6.0) + np.random.default_rng(0).normal(0, 0.1, 96000).astype(np.float32)  # Vorbis pages fill
+    sf.write(whole, noisy, 16000, format=fmt)
+    cut = tmp_path / f"cut.{fmt.lower()}"
+    cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+
+    from foundation import load_predictor
+
+    p = load_predictor(recognizer, device="cpu")
+    assert "warning" not in p(str(whole))
+    record = p(str(cut))
+    assert "truncated" in record["warning"] and 0.5 < record["seconds"] < 5.5
+    done = cli(str(recognizer), str(cut))
+    assert done.stderr.count("\n") == 1 and f"foundation predict: warning: {cut}: the file is truncated" in done.stderr
+    assert done.stdout.startswith(f"{cut}: ")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_a_chunk_length_that_is_not_a_finite_number_is_one_line(recognizer, tmp_path, value):
+    wav = tmp_path / "a.wav"
+    sf.write(wav, tone(16000), 16000)
+    done = cli(str(recognizer), str(wav), "--chunk-seconds", value, expect=2)
+    assert done.stderr.count("\n") == 1 and f"--chunk-seconds must be a finite number > 0, got {float(value)}" in done.stderr
 
 
 def test_quietest_cut_lands_in_the_pause():
