@@ -15,15 +15,27 @@ training target is the soft score (0.3 / 0.6 / 0.9 / 1.0, see ``metrics``) of ev
 vocabulary answer its humans gave. Problems are named with the file and the record: a
 malformed json record, a question without annotation, an image that is missing, and (for
 training, with ``out_of_vocab: error``) a question none of whose answers is in the vocabulary.
+
+**At VQA v2's size** (443,757 training questions, 4.4 M human answers) a split is read and
+checked once per process and file version (``read_split`` remembers it), its annotations
+are parsed a record at a time (``official_json.read_json_records``: the parsed file is
+never held), and its questions are kept as ``Questions``, a few numpy arrays (ids, offsets,
+answers as indices into a table of the split's distinct answer strings) rather than a
+Python object per question: DataLoader workers share those pages instead of copying them
+as reference counts change. Each distinct answer string is normalised once.
 """
 from __future__ import annotations
 
 import json
-from collections import Counter
+import operator
+import os
+from array import array
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -31,9 +43,12 @@ from foundation.engine.data import item_seed
 from foundation_tasks.vision_common.images import DecodedImages
 from foundation_tasks.vl_common.images import DataError, load_image, transform_image
 from foundation_tasks.vl_common.objects import Objects
-from foundation_tasks.vl_common.official_json import read_json
+from foundation_tasks.vl_common.official_json import read_json, read_json_records
 from foundation_tasks.vl_common.text import EncodedTexts, Tokenizer, pad_texts
-from foundation_tasks.vqa.metrics import normalize_answer, soft_score
+from foundation_tasks.vqa.metrics import SOFT_SCORES, normalize_answer, soft_score
+
+__all__ = ["ANNOTATIONS", "IMAGES", "QUESTIONS", "ObjectLabels", "Question", "Questions", "StringTable", "VQADataset",
+           "answer_counts", "answer_vocabulary", "collate", "read_answer_list", "read_json", "read_split", "targets"]
 
 QUESTIONS = "v2_OpenEnded_mscoco_{split}_questions.json"
 ANNOTATIONS = "v2_mscoco_{split}_annotations.json"
@@ -52,6 +67,191 @@ class Question:
     record: str = ""  # "FILE: question N" for error messages
 
 
+# --------------------------------------------------------------------------- compact storage
+
+
+def _offsets(lengths) -> np.ndarray:
+    out = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=out[1:])
+    return out
+
+
+def _gather(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(flat indices, offsets) of the ranges ``offsets[r]:offsets[r + 1]`` of ``rows``, concatenated."""
+    starts = offsets[rows]
+    lengths = offsets[rows + 1] - starts
+    new = _offsets(lengths)
+    return np.arange(new[-1], dtype=np.int64) + np.repeat(starts - new[:-1], lengths), new
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+class StringTable:
+    """Strings as one UTF-8 buffer and their offsets (no Python object per string)."""
+
+    __slots__ = ("data", "offsets", "memo", "_normalized")
+
+    def __init__(self, data: bytes, offsets: np.ndarray):
+        self.data, self.offsets = data, _frozen(offsets)
+        self.memo: Optional[dict[str, str]] = None  # normalisations already made, used by normalized()
+        self._normalized: Optional[tuple[np.ndarray, list[str]]] = None
+
+    @classmethod
+    def of(cls, strings: Iterable[str]) -> "StringTable":
+        encoded = [s.encode("utf-8", "surrogatepass") for s in strings]  # JSON may hold lone surrogates
+        return cls(b"".join(encoded), _offsets(np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> str:
+        return self.data[self.offsets[i]:self.offsets[i + 1]].decode("utf-8", "surrogatepass")
+
+    def __iter__(self):
+        bounds = self.offsets.tolist()
+        return (self.data[a:b].decode("utf-8", "surrogatepass") for a, b in zip(bounds[:-1], bounds[1:]))
+
+    def take(self, rows: np.ndarray) -> "StringTable":
+        index, offsets = _gather(self.offsets, rows)
+        return StringTable(np.frombuffer(self.data, dtype=np.uint8)[index].tobytes(), offsets)
+
+    def normalized(self) -> tuple[np.ndarray, list[str]]:
+        """(for each string the index of its ``normalize_answer`` in the list, the list of
+        distinct normalised strings): ``normalize_answer`` runs once per distinct string."""
+        if self._normalized is None:
+            memo, index, ids = self.memo or {}, {}, []
+            for s in self:
+                n = memo.get(s)
+                if n is None:
+                    n = normalize_answer(s)
+                ids.append(index.setdefault(n, len(index)))
+            self._normalized, self.memo = (_frozen(np.array(ids, dtype=np.int64)), list(index)), None
+        return self._normalized
+
+
+class Questions(Sequence):
+    """A split's questions in a few arrays; ``questions[i]`` is a ``Question`` (made on
+    demand), a slice or ``take(rows)`` another ``Questions``. Answers are indices into a
+    table of the split's distinct answer strings (``strings``), ``answer_type`` indices into
+    ``types``; images and records are derived from the split's file names and pattern."""
+
+    def __init__(self, question_id: np.ndarray, image_id: np.ndarray, texts: StringTable, strings: StringTable,
+                 answer_offsets: np.ndarray, answer_ids: np.ndarray, has_answers: np.ndarray, majority: np.ndarray,
+                 types: list, answer_type: np.ndarray, source: Optional[tuple[str, str, str, str]] = None,
+                 images: Optional[StringTable] = None, records: Optional[StringTable] = None):
+        self.question_id, self.image_id = _frozen(question_id), _frozen(image_id)
+        self.texts, self.strings, self.types = texts, strings, types
+        self.answer_offsets, self.answer_ids = _frozen(answer_offsets), _frozen(answer_ids)
+        self.has_answers, self.majority, self.answer_type = _frozen(has_answers), _frozen(majority), _frozen(answer_type)
+        self.source = source  # (questions file, data_dir, split, image_pattern)
+        self.images, self.records = images, records  # explicit, for questions not read from a split
+
+    # ------------------------------------------------------------------ building
+
+    @classmethod
+    def from_questions(cls, questions: Iterable[Question]) -> "Questions":
+        """From ``Question`` objects (e.g. a hand-made list): each field kept as it is."""
+        questions = list(questions)
+        strings: dict[str, int] = {}
+        types, type_ids, ids, lengths, majority, atypes = [], {}, [], [], [], []
+        for q in questions:
+            answers = q.answers or []
+            ids += [strings.setdefault(a, len(strings)) for a in answers]
+            lengths.append(len(answers))
+            majority.append(strings.setdefault(q.multiple_choice_answer, len(strings)))
+            atypes.append(_type_code(q.answer_type, types, type_ids))
+        n = len(questions)
+        return cls(np.array([q.question_id for q in questions], dtype=np.int64),
+                   np.array([q.image_id for q in questions], dtype=np.int64),
+                   StringTable.of(q.question for q in questions), StringTable.of(strings),
+                   _offsets(np.array(lengths, dtype=np.int64)), np.array(ids, dtype=np.int32),
+                   np.array([q.answers is not None for q in questions], dtype=bool).reshape(n),
+                   np.array(majority, dtype=np.int32), types, np.array(atypes, dtype=np.int32),
+                   images=StringTable.of(str(q.image) for q in questions),
+                   records=StringTable.of(q.record for q in questions))
+
+    # ------------------------------------------------------------------ reading
+
+    def __len__(self) -> int:
+        return len(self.question_id)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(np.arange(len(self))[i])
+        i = operator.index(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError(f"question {i} of {len(self)}")
+        qid, iid = int(self.question_id[i]), int(self.image_id[i])
+        if self.source is not None:
+            qpath, data_dir, split, pattern = self.source
+            image, record = Path(data_dir) / pattern.format(split=split, image_id=iid), f"{qpath}: question {qid}"
+        else:
+            image, record = Path(self.images[i]), self.records[i]
+        return Question(qid, iid, self.texts[i], image, self.answers_of(i), self.types[self.answer_type[i]],
+                        self.strings[self.majority[i]], record)
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def answers_of(self, i: int) -> Optional[list[str]]:
+        if not self.has_answers[i]:
+            return None
+        strings = self.strings
+        return [strings[j] for j in self.answer_ids[self.answer_offsets[i]:self.answer_offsets[i + 1]].tolist()]
+
+    def take(self, rows) -> "Questions":
+        """The questions ``rows`` (indices), in that order."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if len(rows) == len(self) and np.array_equal(rows, np.arange(len(self))):
+            return self
+        index, offsets = _gather(self.answer_offsets, rows)
+        return Questions(self.question_id[rows], self.image_id[rows], self.texts.take(rows), self.strings, offsets,
+                         self.answer_ids[index], self.has_answers[rows], self.majority[rows], self.types,
+                         self.answer_type[rows], self.source,
+                         None if self.images is None else self.images.take(rows),
+                         None if self.records is None else self.records.take(rows))
+
+    # ------------------------------------------------------------------ answers, vectorised
+
+    def majority_counts(self) -> Counter:
+        """How many questions have each normalised ``multiple_choice_answer``."""
+        norm, names = self.strings.normalized()
+        counts = np.bincount(norm[self.majority], minlength=len(names))
+        return Counter({names[k]: int(counts[k]) for k in np.flatnonzero(counts).tolist()})
+
+    def targets(self, index: dict[str, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``targets()`` of every question at once: (offsets, vocabulary indices, min(count, 4)),
+        question i's in ``[offsets[i], offsets[i + 1])``, in the order of first mention."""
+        norm, names = self.strings.normalized()
+        vocab = np.array([index.get(a, -1) for a in names], dtype=np.int64)
+        m = max(1, len(names))
+        owner = np.repeat(np.arange(len(self), dtype=np.int64), np.diff(self.answer_offsets))
+        keys, first, counts = np.unique(owner * m + norm[self.answer_ids], return_index=True, return_counts=True)
+        order = np.argsort(first, kind="stable")  # by question, then first mention
+        keys, counts = keys[order], counts[order]
+        labels = vocab[keys % m]
+        keep = labels >= 0
+        offsets = _offsets(np.bincount(keys[keep] // m, minlength=len(self)))
+        return offsets, labels[keep].astype(np.int32), np.minimum(counts[keep], 4).astype(np.int8)
+
+
+def _type_code(value: Any, types: list, ids: dict) -> int:
+    """The index of an ``answer_type`` in ``types`` (strings once each; any other JSON value as it is)."""
+    if type(value) is str:
+        code = ids.get(value)
+        if code is None:
+            code = ids[value] = len(types)
+            types.append(value)
+        return code
+    types.append(value)
+    return len(types) - 1
+
+
 # --------------------------------------------------------------------------- json
 
 
@@ -66,60 +266,205 @@ def _field(rec: Any, name: str, kind: type | tuple, where: str) -> Any:
     return value
 
 
-def read_split(annotation_dir: str | Path, data_dir: str | Path, split: str, image_pattern: str = IMAGES,
-               need_answers: bool = True) -> list[Question]:
-    """The questions of ``split`` with their answers when the annotations file exists
-    (required when ``need_answers``); images are checked to exist."""
-    qpath = Path(annotation_dir) / QUESTIONS.format(split=split)
-    apath = Path(annotation_dir) / ANNOTATIONS.format(split=split)
-    questions = []
-    seen: set[int] = set()
-    for i, rec in enumerate(read_json(qpath, "questions")):
-        where = f"{qpath}: questions[{i}]"
+class _QuestionRecords:
+    """The records of a questions file, checked and stored as they are parsed."""
+
+    def __init__(self, path: Path):
+        self.path, self.qids, self.iids, self.texts, self.seen = path, array("q"), array("q"), [], set()
+
+    def add(self, i: int, rec: Any) -> None:
+        if type(rec) is dict:  # the common case, checked at once
+            qid, iid, text = rec.get("question_id"), rec.get("image_id"), rec.get("question")
+            if type(qid) is int and type(iid) is int and type(text) is str and qid not in self.seen:
+                return self._append(qid, iid, text, f"{self.path}: question {qid}")
+        where = f"{self.path}: questions[{i}]"
         qid = _field(rec, "question_id", int, where)
-        where = f"{qpath}: question {qid}"
+        where = f"{self.path}: question {qid}"
         iid = _field(rec, "image_id", int, where)
         text = _field(rec, "question", str, where)
-        if qid in seen:
+        if qid in self.seen:
             raise DataError(f"{where}: question_id appears twice")
-        seen.add(qid)
-        image = Path(data_dir) / image_pattern.format(split=split, image_id=iid)
-        questions.append(Question(qid, iid, text, image, record=where))
-    if apath.is_file():
-        by_id = {}
-        for i, rec in enumerate(read_json(apath, "annotations")):
-            where = f"{apath}: annotations[{i}]"
+        self._append(qid, iid, text, where)
+
+    def _append(self, qid: int, iid: int, text: str, where: str) -> None:
+        try:
+            self.qids.append(qid)
+        except OverflowError:
+            raise DataError(f"{where}: question_id does not fit 64 bits") from None
+        try:
+            self.iids.append(iid)
+        except OverflowError:
+            self.qids.pop()
+            raise DataError(f"{where}: image_id does not fit 64 bits") from None
+        self.seen.add(qid)
+        self.texts.append(text)
+
+
+class _Numbering(dict):
+    """string -> its number, numbered in order of first appearance (``numbering[s]``)."""
+
+    def __missing__(self, key: str) -> int:
+        n = self[key] = len(self)
+        return n
+
+
+_ANSWER = operator.itemgetter("answer")
+
+
+class _AnnotationRecords:
+    """The records of an annotations file: answers as numbers of ``strings``."""
+
+    def __init__(self, path: Path, strings: _Numbering, types: list, type_ids: dict):
+        self.path, self.strings, self.types, self.type_ids = path, strings, types, type_ids
+        self.answer_ids, self.ends, self.majority, self.answer_type = array("i"), array("q"), array("i"), array("i")
+        self.row_of: dict[int, int] = {}  # question_id -> record (the last one, as before)
+
+    def add(self, i: int, rec: Any) -> None:
+        texts = None
+        if type(rec) is dict:  # the common case, checked at once
+            qid, answers = rec.get("question_id"), rec.get("answers")
+            if type(qid) is int and type(answers) is list and answers:
+                try:
+                    texts = list(map(_ANSWER, answers))
+                    "".join(texts)  # every one a string (JSON has no str subclasses)
+                except (TypeError, KeyError):
+                    texts = None
+        if texts is None:
+            where = f"{self.path}: annotations[{i}]"
             qid = _field(rec, "question_id", int, where)
-            where = f"{apath}: question {qid}"
+            where = f"{self.path}: question {qid}"
             answers = _field(rec, "answers", list, where)
             texts = [_field(a, "answer", str, f"{where}: answers[{j}]") for j, a in enumerate(answers)]
             if not texts:
                 raise DataError(f"{where}: no answers")
-            by_id[qid] = (texts, rec.get("answer_type", ""), rec.get("multiple_choice_answer", ""), where)
-        for q in questions:
-            if q.question_id not in by_id:
-                raise DataError(f"{q.record}: no annotation in {apath}")
-            q.answers, q.answer_type, q.multiple_choice_answer, _ = by_id[q.question_id]
-            if not isinstance(q.multiple_choice_answer, str) or not q.multiple_choice_answer:
-                q.multiple_choice_answer = Counter(normalize_answer(a) for a in q.answers).most_common(1)[0][0]
+        strings = self.strings
+        self.answer_ids.extend(map(strings.__getitem__, texts))
+        self.ends.append(len(self.answer_ids))
+        majority = rec.get("multiple_choice_answer", "")
+        self.majority.append(strings[majority] if type(majority) is str and majority else -1)
+        atype = rec.get("answer_type", "")
+        code = self.type_ids.get(atype) if type(atype) is str else None
+        self.answer_type.append(code if code is not None else _type_code(atype, self.types, self.type_ids))
+        self.row_of[qid] = len(self.ends) - 1
+
+
+def _stamp(path: Path) -> Optional[tuple[int, int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size, st.st_ino
+
+
+_SPLITS: "OrderedDict[tuple, tuple[tuple, Questions]]" = OrderedDict()  # read_split's, by files and version
+_KEEP_SPLITS = 4
+
+
+def read_split(annotation_dir: str | Path, data_dir: str | Path, split: str, image_pattern: str = IMAGES,
+               need_answers: bool = True) -> Questions:
+    """The questions of ``split`` with their answers when the annotations file exists
+    (required when ``need_answers``); images are checked to exist. Read and checked once
+    per process and version of the files (the same ``Questions`` is returned again)."""
+    qpath = Path(annotation_dir) / QUESTIONS.format(split=split)
+    apath = Path(annotation_dir) / ANNOTATIONS.format(split=split)
+    key = (str(qpath), str(apath), str(data_dir), split, image_pattern)
+    stamp = (_stamp(qpath), _stamp(apath))
+    known = _SPLITS.get(key)
+    if known is not None and known[0] == stamp and stamp[0] is not None:
+        questions = known[1]
+        _SPLITS.move_to_end(key)
+    else:
+        questions = _read_split(qpath, apath, data_dir, split, image_pattern, need_answers)
+        _SPLITS[key] = (stamp, questions)
+        while len(_SPLITS) > _KEEP_SPLITS:
+            _SPLITS.popitem(last=False)
+    if need_answers and not questions.has_answers.all():
+        raise DataError(f"{apath}: file not found (split {split!r} needs its answers)")
+    return questions
+
+
+def _read_split(qpath: Path, apath: Path, data_dir: str | Path, split: str, image_pattern: str,
+                need_answers: bool) -> Questions:
+    read = read_json_records(qpath, "questions", lambda: _QuestionRecords(qpath))
+    n = len(read.qids)
+    qids, iids = np.frombuffer(read.qids, dtype=np.int64).copy(), np.frombuffer(read.iids, dtype=np.int64).copy()
+    texts = StringTable.of(read.texts)
+    del read
+    strings = _Numbering({"": 0})
+    types, type_ids = [], {}
+    source = (str(qpath), str(data_dir), split, image_pattern)
+    if apath.is_file():
+        ann = read_json_records(apath, "annotations", lambda: _AnnotationRecords(apath, strings, types, type_ids))
+        row_of = ann.row_of
+        rows = np.fromiter((row_of.get(q, -1) for q in qids.tolist()), dtype=np.int64, count=n)
+        del ann.row_of, row_of
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            raise DataError(f"{qpath}: question {int(qids[missing[0]])}: no annotation in {apath}")
+        ends = np.frombuffer(ann.ends, dtype=np.int64)
+        index, answer_offsets = _gather(np.concatenate([[0], ends]), rows)
+        answer_ids = np.frombuffer(ann.answer_ids, dtype=np.int32)[index]
+        majority = np.frombuffer(ann.majority, dtype=np.int32)[rows]
+        answer_type = np.frombuffer(ann.answer_type, dtype=np.int32)[rows]
+        has_answers = np.ones(n, dtype=bool)
+        del ann
+        memo: dict[str, str] = {}
+
+        def normalized(a: str) -> str:
+            n = memo.get(a)
+            if n is None:
+                n = memo[a] = normalize_answer(a)
+            return n
+
+        if (majority < 0).any():  # no (or an empty) multiple_choice_answer: the humans' most common, normalised
+            names = list(strings)
+            for i in np.flatnonzero(majority < 0).tolist():
+                said = Counter(normalized(names[j]) for j in answer_ids[answer_offsets[i]:answer_offsets[i + 1]].tolist())
+                majority[i] = strings[said.most_common(1)[0][0]]
+        table = StringTable.of(strings)
+        table.memo = memo or None
     elif need_answers:
         raise DataError(f"{apath}: file not found (split {split!r} needs its answers)")
-    present: set[Path] = set()
-    for q in questions:  # each image once (VQA v2: 443,757 questions about 82,783 images)
-        if q.image not in present:
-            if not q.image.is_file():
-                raise DataError(f"{q.record} (image_id {q.image_id}): image not found: {q.image}")
-            present.add(q.image)
+    else:
+        table, answer_offsets, answer_ids = StringTable.of(strings), np.zeros(n + 1, dtype=np.int64), np.zeros(0, np.int32)
+        has_answers, majority = np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int32)
+        answer_type = np.full(n, _type_code("", types, type_ids), dtype=np.int32)
+    questions = Questions(qids, iids, texts, table, answer_offsets, answer_ids, has_answers, majority, types,
+                          answer_type, source)
+    _check_images(questions, data_dir, split, image_pattern)
     return questions
+
+
+def _check_images(questions: Questions, data_dir: str | Path, split: str, image_pattern: str) -> None:
+    """Each image once, in the order the questions first name them (VQA v2: 443,757 questions
+    about 82,783 images)."""
+    image_ids, first = np.unique(questions.image_id, return_index=True)
+    order = np.argsort(first)
+    root = str(data_dir)
+    for iid, i in zip(image_ids[order].tolist(), first[order].tolist()):
+        if not os.path.isfile(os.path.join(root, image_pattern.format(split=split, image_id=iid))):
+            q = questions[i]
+            raise DataError(f"{q.record} (image_id {q.image_id}): image not found: {q.image}")
 
 
 # --------------------------------------------------------------------------- answers
 
 
-def answer_vocabulary(questions: Sequence[Question], min_count: int) -> list[str]:
-    """Normalised majority answers seen at least ``min_count`` times, most frequent first."""
-    counts = Counter(normalize_answer(q.multiple_choice_answer) for q in questions)
+def answer_counts(questions: Questions | Sequence[Question]) -> Counter:
+    """How many questions have each normalised ``multiple_choice_answer``."""
+    if isinstance(questions, Questions):
+        return questions.majority_counts()
+    return Counter(normalize_answer(q.multiple_choice_answer) for q in questions)
+
+
+def vocabulary_of(counts: Counter, min_count: int) -> list[str]:
+    """The answers counted at least ``min_count`` times, most frequent first (ties alphabetical)."""
     return sorted((a for a, n in counts.items() if n >= min_count and a), key=lambda a: (-counts[a], a))
+
+
+def answer_vocabulary(questions: Questions | Sequence[Question], min_count: int) -> list[str]:
+    """Normalised majority answers seen at least ``min_count`` times, most frequent first."""
+    return vocabulary_of(answer_counts(questions), min_count)
 
 
 def read_answer_list(path: str | Path) -> list[str]:
@@ -180,36 +525,48 @@ class ObjectLabels:
 class VQADataset(Dataset):
     """Items: image tensor, question token ids, soft targets, the human answers, the id (and,
     given ``objects``, the image's per-patch object labels; given ``answer_type_weights``, the
-    question's weight in the answer loss)."""
+    question's weight in the answer loss). ``questions`` (a ``Questions``, or ``Question``
+    objects) and the targets are kept in arrays, shared by DataLoader workers."""
 
-    def __init__(self, questions: Sequence[Question], answers: Sequence[str], tokenizer: Tokenizer, max_text_len: int,
-                 transform: Callable, train: bool, out_of_vocab: str = "error", random_transform: bool = False,
-                 objects: Optional[ObjectLabels] = None, answer_type_weights: Optional[dict[str, float]] = None,
-                 cache_images: bool = False):
+    def __init__(self, questions: Questions | Sequence[Question], answers: Sequence[str], tokenizer: Tokenizer,
+                 max_text_len: int, transform: Callable, train: bool, out_of_vocab: str = "error",
+                 random_transform: bool = False, objects: Optional[ObjectLabels] = None,
+                 answer_type_weights: Optional[dict[str, float]] = None, cache_images: bool = False):
         self.objects, self.weights = objects, answer_type_weights or None
         self.decoded, self.encode = DecodedImages(cache_images), EncodedTexts(tokenizer, max_text_len)
         self.index = {a: i for i, a in enumerate(answers)}
         self.tokenizer, self.max_text_len, self.transform = tokenizer, max_text_len, transform
         self.random_transform = random_transform  # seeded per item
-        kept, self.targets, self.skipped = [], [], 0
-        for q in questions:
-            t = targets(q.answers, self.index) if q.answers is not None else ([], [])
-            if train and q.answers is not None and not t[0]:
+        if not isinstance(questions, Questions):
+            questions = Questions.from_questions(questions)
+        offsets, labels, counts = questions.targets(self.index)
+        self.skipped = 0
+        if train:
+            unanswerable = questions.has_answers & (np.diff(offsets) == 0)
+            if unanswerable.any():
                 if out_of_vocab == "error":
+                    q = questions[int(np.flatnonzero(unanswerable)[0])]
                     raise DataError(
                         f"{q.record} ({q.question!r}): none of its answers {sorted(set(q.answers))} is in the "
                         f"{len(self.index)}-answer vocabulary (out_of_vocab: error; out_of_vocab: skip drops "
                         "such training questions, as BEiT-3 does)")
-                self.skipped += 1
-                continue
-            kept.append(q)
-            self.targets.append(t)
-        if not kept:
+                self.skipped = int(unanswerable.sum())
+                kept = np.flatnonzero(~unanswerable)
+                questions = questions.take(kept)
+                index, offsets = _gather(offsets, kept)
+                labels, counts = labels[index], counts[index]
+        if not len(questions):
             raise DataError("no questions left to train on (every one has answers outside the vocabulary)")
-        self.questions = kept
+        self.questions = questions
+        self.target_offsets, self.target_labels, self.target_counts = _frozen(offsets), _frozen(labels), _frozen(counts)
 
     def __len__(self) -> int:
         return len(self.questions)
+
+    def targets(self, i: int) -> tuple[list[int], list[float]]:
+        """(vocabulary indices, soft scores) of question ``i``'s answers, as ``targets()``."""
+        a, b = self.target_offsets[i], self.target_offsets[i + 1]
+        return self.target_labels[a:b].tolist(), [SOFT_SCORES[c] for c in self.target_counts[a:b].tolist()]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         q = self.questions[i]
@@ -220,7 +577,7 @@ class VQADataset(Dataset):
             ids = self.encode(q.question)
         except ValueError as e:
             raise DataError(f"{q.record}: {e}") from None
-        labels, scores = self.targets[i]
+        labels, scores = self.targets(i)
         item = {"image": image, "text": ids, "labels": labels, "scores": scores,
                 "answers": q.answers or [], "answer_type": q.answer_type, "question_id": q.question_id}
         if self.objects is not None:

@@ -2,6 +2,7 @@
 in, the official VQA accuracy out."""
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -13,7 +14,8 @@ from foundation.engine.data import labelled_fraction
 from foundation.engine.task import SharedModules, register_task
 from foundation_tasks.vl_common.objects import Objects, read_objects
 from foundation_tasks.vl_common.task import VLConfig, VLTask
-from foundation_tasks.vqa.data import ANNOTATIONS, IMAGES, QUESTIONS, ObjectLabels, VQADataset, answer_vocabulary, collate, read_answer_list, read_split
+from foundation_tasks.vqa.data import (ANNOTATIONS, IMAGES, QUESTIONS, ObjectLabels, Questions, VQADataset, answer_counts,
+                                       collate, read_answer_list, read_split, vocabulary_of)
 from foundation_tasks.vqa.metrics import type_sums, vqa_accuracy, vqa_metrics
 from foundation_tasks.vqa.model import VQAHead
 
@@ -94,11 +96,14 @@ class VQAConfig(VLConfig):
                               f"({len(objects.categories)} vs {len(self.object_categories)})")
         return objects
 
-    def labelled(self, questions: list) -> list:
-        """The training questions of the label budget (all of them without one)."""
+    def labelled(self, questions):
+        """The training questions of the label budget (all of them without one): a ``Questions``
+        of a ``Questions``, a list of a list."""
         questions = questions[:self.max_train_questions]
-        return [questions[i] for i in labelled_fraction(len(questions), self.train_fraction, self.subset_seed,
-                                                        "questions")]
+        rows = labelled_fraction(len(questions), self.train_fraction, self.subset_seed, "questions")
+        if isinstance(questions, Questions):
+            return questions.take(rows)
+        return [questions[i] for i in rows]
 
     def _answers(self) -> List[str]:
         if self.answer_vocab is not None:
@@ -107,14 +112,15 @@ class VQAConfig(VLConfig):
             raise ConfigError("field 'data_dir': set it to the VQA v2 root (`foundation data make vl --out DIR` "
                               "writes a demo one to DIR/vqa); the answer vocabulary is built from its train split")
         splits = self.vocab_splits or [self.train_split]
-        questions = [q for split in splits for q in self._vocab_questions(split)]
-        answers = answer_vocabulary(questions, self.min_answer_count)
+        counts = sum((answer_counts(self._vocab_questions(split)) for split in splits), Counter())
+        answers = vocabulary_of(counts, self.min_answer_count)
         if not answers:
             raise ConfigError(f"field 'min_answer_count': no answer of {', '.join(splits)} is seen "
                               f"{self.min_answer_count} times")
         return answers
 
-    def _vocab_questions(self, split: str) -> list:
+    def _vocab_questions(self, split: str) -> Questions:
+        # read once: the training set reuses what read_split keeps (a split is read and checked once)
         questions = read_split(self.annotations, self.data_dir, split, self.image_pattern)
         # a label budget's answers are the only training labels there are
         return self.labelled(questions) if split == self.train_split and self.train_fraction is not None else questions
