@@ -248,10 +248,10 @@ def main(argv: list[str] | None = None) -> int:
         phases = ", ".join(f"{k} {v:.1f} s" for k, v in r["phases"].items())
         print(f"start-up to the first batch: {r['seconds']:.1f} s (process wall {r['wall_seconds']:.1f} s), "
               f"peak RSS {r['peak_rss_bytes'] / 1e9:.2f} GB  [{phases}]")
-    best = min(runs, key=lambda r: r["seconds"])
-    print(f"VQA start-up at {a.questions:,} training questions{' (' + ' '.join(a.fields) + ')' if a.fields else ''}: "
-          f"{best['seconds']:.1f} s, "
-          f"{max(r['peak_rss_bytes'] for r in runs) / 1e9:.2f} GB peak")
+    best = min(r["seconds"] for r in runs)
+    fields = f" ({' '.join(a.fields)})" if a.fields else ""
+    peak = max(r["peak_rss_bytes"] for r in runs) / 1e9
+    print(f"VQA start-up at {a.questions:,} training questions{fields}: {best:.1f} s, {peak:.2f} GB peak")
     return 0
 
 

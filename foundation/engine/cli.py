@@ -97,7 +97,7 @@ def eval_main(argv: list[str]) -> int:
     from foundation import checkpoint
     from foundation.engine import distributed
     from foundation.engine.config import load_config
-    from foundation.engine.loop import evaluate
+    from foundation.engine.evaluation import evaluate
     from foundation.engine.model import ModelConfig, MultiTaskModel
     from foundation.engine.run_state import model_file
 

@@ -48,9 +48,10 @@ from foundation.config import ConfigError
 from foundation.engine import distributed
 from foundation.engine.run_state import MODEL_FILE, Checkpointer, rng_state, set_rng_state, write_text_atomic
 from foundation.engine.config import TaskSpec, TrainConfig, best_metric, resolve
-from foundation.engine.data import TaskStream, eval_batches, step_plan, to_device
+from foundation.engine.data import TaskStream, step_plan, to_device
 from foundation.engine.distributed import Env
-from foundation.engine.failure import DataError, one_line
+from foundation.engine.evaluation import autocast, evaluate, next_batch
+from foundation.engine.failure import one_line
 from foundation.engine.guard import LossWatch, Stability
 from foundation.engine.metrics_log import MetricsLog, Progress
 from foundation.engine.init import check_init_from, load_init_from
@@ -88,77 +89,6 @@ def build_model(cfg: TrainConfig, specs: list[TaskSpec], log=print) -> MultiTask
     if cfg.init_from:
         load_init_from(model, cfg.init_from, cfg.init_expert, log)
     return model
-
-
-def autocast(cfg: TrainConfig, device: torch.device):
-    precision = cfg.train.precision
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    if precision == "fp16" and device.type != "cuda":
-        raise ConfigError("field 'train.precision': fp16 needs CUDA; use bf16 or fp32 on CPU")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return torch.autocast(device.type, dtype=dtype)
-
-
-@torch.no_grad()
-def evaluate(model: MultiTaskModel, specs: list[TaskSpec], cfg: TrainConfig, env: Env,
-             datasets: dict[str, Any] | None = None) -> dict[str, float]:
-    """{"task_id/metric": value} for every task, exact over the whole eval set and all ranks.
-    ``datasets`` caches the eval sets between calls."""
-    datasets = {} if datasets is None else datasets
-    was_training = model.training
-    model.eval()
-    out: dict[str, float] = {}
-    batch_size = cfg.eval.batch_size or cfg.train.batch_size
-    try:
-        with distributed.unsharded(model):
-            for spec in specs:
-                task, head = model.tasks[spec.id], model.heads[spec.id]
-                if spec.id not in datasets:
-                    datasets[spec.id] = task.eval_dataset()
-                dataset = datasets[spec.id]
-                if len(dataset) < env.world:
-                    raise ConfigError(f"task {spec.id!r}: the eval set has {len(dataset)} samples, fewer than {env.world} processes")
-                totals: dict[str, torch.Tensor] = {}
-                batches = eval_batches(dataset, task.collate, spec.batch_size or batch_size, env.rank, env.world,
-                                       cfg.eval.max_batches)
-                for batch in loading(batches, spec.id, "eval"):
-                    with autocast(cfg, env.device):
-                        sums = task.eval_step(head, model.backbone, to_device(batch, env.device))
-                    for k, v in sums.items():
-                        v = torch.as_tensor(v, device=env.device).detach().double()
-                        totals[k] = totals[k] + v if k in totals else v
-                for k in sorted(totals):
-                    distributed.all_reduce(totals[k])
-                for k, v in task.metrics(totals).items():
-                    out[f"{spec.id}/{k}"] = float(v)
-    finally:
-        model.train(was_training)
-    return out
-
-
-def next_batch(it, task_id: str, split: str) -> Any:
-    """``next(it)``, with an error raised while loading the batch (a bad file) as a
-    ``DataError`` naming the task: the readers' own messages name the file."""
-    try:
-        return next(it)
-    except (StopIteration, KeyboardInterrupt, DataError):
-        raise
-    except Exception as e:  # noqa: BLE001 - whatever the reader raised, said in one line
-        raise DataError(f"task {task_id!r} ({split} data): {one_line(e)}") from e
-
-
-def loading(batches, task_id: str, split: str):
-    """``batches`` through ``next_batch``."""
-    it = iter(batches)
-    while True:
-        try:
-            batch = next_batch(it, task_id, split)
-        except StopIteration:
-            return
-        yield batch
 
 
 def nonfinite_tensors(model: torch.nn.Module, env: Env) -> list[str]:

@@ -131,7 +131,7 @@ def test_dataset_items_and_budgets_as_with_question_objects(messy):
 
 def test_each_distinct_answer_is_normalised_once(vl_demo, monkeypatch):
     from foundation.config import BackboneConfig, build
-    from foundation_tasks.vqa import data as vqa_data
+    from foundation_tasks.vqa import data as vqa_data, questions as vqa_questions
     from foundation_tasks.vqa.task import VQA, VQAConfig
 
     monkeypatch.setattr(vqa_data, "_SPLITS", OrderedDict())
@@ -142,7 +142,8 @@ def test_each_distinct_answer_is_normalised_once(vl_demo, monkeypatch):
         calls[text] += 1
         return normalize(text)
 
-    monkeypatch.setattr(vqa_data, "normalize_answer", counted)
+    for module in (vqa_data, vqa_questions):
+        monkeypatch.setattr(module, "normalize_answer", counted)
     root = vl_demo / "vqa"
     cfg = build(VQAConfig, {"data_dir": str(root), "min_answer_count": 1, "img_size": 16, "patch_size": 8})
     task = VQA(cfg, BackboneConfig(dim=32, depth=1, heads=2, experts=["vision", "text"]))
