@@ -72,7 +72,7 @@ def load_split(root: Path, split: str, short: int, resize_label: bool) -> list[t
         items.append((image, reduce_zero_label(np.asarray(label))))
     if not items:
         raise ValueError(f"{root / 'images' / split}: no .jpg images (the ADEChallengeData2016 layout; "
-                         f"python -m foundation.cli data make segmentation --out {root})")
+                         f"foundation data make segmentation --out {root})")
     return items
 
 
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         for split in SPLITS:
             if not (root / "images" / split).is_dir():
                 raise ValueError(f"{root / 'images' / split}: no such folder "
-                                 f"(python -m foundation.cli data make segmentation --out {root})")
+                                 f"(foundation data make segmentation --out {root})")
         train_items = load_split(root, "training", a.crop, resize_label=True)
         val = load_split(root, "validation", a.crop, resize_label=False)
     except (OSError, ValueError) as e:  # a missing folder / annotation, an unreadable file: one line

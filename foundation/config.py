@@ -5,12 +5,17 @@ semantic checks (a norm that exists, heads that divide dim, ...) live in __post_
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Type, TypeVar
 
 import yaml
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf._utils import get_omega_conf_dumper  # OmegaConf.to_yaml's own dumper, without its node wrapping
 from omegaconf.errors import OmegaConfBaseException
 
 from foundation.scaling import ARCHS, NORMS, RULES, NormRule
@@ -145,11 +150,45 @@ def _delete(raw: DictConfig, parts: list[str], item: str, where: str) -> None:
 
 
 def to_dict(cfg: Any) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    """A config (dataclass instance, OmegaConf node or mapping) as plain dicts and lists.
+
+    A built dataclass is walked directly rather than through ``OmegaConf.structured``, which
+    wraps every list element in a node: a VQA v2 answer vocabulary (thousands of strings)
+    would cost seconds each time a run's config is compared, entered or written."""
+    if isinstance(cfg, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return _plain(cfg)
+
+
+def _plain(value: Any, annotation: Any = None) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        hints = _hints(type(value))
+        return {f.name: _plain(getattr(value, f.name), hints.get(f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and annotation in (float, Optional[float]):
+        return float(value)  # what OmegaConf's float node holds, so that saved configs compare equal
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def yaml_text(data: Mapping) -> str:
+    """``data`` (plain containers) as OmegaConf writes YAML: its dumper quotes the strings its
+    loader would otherwise read as numbers or booleans."""
+    return yaml.dump(dict(data), default_flow_style=False, allow_unicode=True, sort_keys=False,
+                     Dumper=get_omega_conf_dumper())
 
 
 def save_yaml(cfg: Any, path: str | Path) -> None:
-    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    Path(path).write_text(yaml_text(to_dict(cfg)))
 
 
 @dataclass

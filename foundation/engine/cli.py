@@ -18,7 +18,7 @@ examples:
 
 exit codes: 0 finished or stopped, 1 diverged, 2 config, 3 data, 4 checkpoint, 5 run directory
 in use, 6 disk full, 7 other write error, 70 internal error (a bug), 130 interrupted
-  torchrun --nproc_per_node 2 -m foundation.cli train configs/seq2seq/tiny.yaml
+  torchrun --nproc_per_node 2 --no-python foundation train configs/seq2seq/tiny.yaml
 """
 
 

@@ -1,6 +1,6 @@
 """Processes and devices: plain ``torch.distributed``, as torchrun sets it up.
 
-``torchrun --nproc_per_node 8 -m foundation.cli train CONFIG`` sets RANK / WORLD_SIZE /
+``torchrun --nproc_per_node 8 --no-python foundation train CONFIG`` sets RANK / WORLD_SIZE /
 LOCAL_RANK / MASTER_ADDR / MASTER_PORT; ``setup`` joins the process group (NCCL on
 CUDA, gloo on CPU). A caller that already initialised the group (a test spawning
 processes) keeps it. ``wrap`` applies DDP or FSDP2's ``fully_shard``.

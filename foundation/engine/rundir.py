@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from omegaconf import OmegaConf
 
-from foundation.config import ConfigError, build, to_dict
+from foundation.config import ConfigError, build, to_dict, yaml_text
 from foundation.engine import distributed
 from foundation.engine.run_state import write_text_atomic
 from foundation.engine.distributed import Env
@@ -196,4 +196,4 @@ def write_config(path: Path, cfg: Any, changes: Sequence[tuple[str, Any, Any]] =
     data = to_dict(cfg)
     data["allow_change"] = []  # a permission for one invocation, not part of the run
     header = "# changed on resume (--allow-change), oldest first:\n" + "".join(h + "\n" for h in history) if history else ""
-    write_text_atomic(saved, header + OmegaConf.to_yaml(OmegaConf.create(data)))
+    write_text_atomic(saved, header + yaml_text(data))

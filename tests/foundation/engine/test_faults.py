@@ -565,3 +565,24 @@ def test_a_compiled_mmcv_op_is_an_import_error_for_user_code():
     from mmcv.ops import point_sample  # pure PyTorch: mmcv's own
 
     assert callable(point_sample)
+
+
+def test_the_documented_torchrun_command_never_imports_the_working_directory(tmp_path):
+    """``torchrun ... -m foundation.cli`` puts the working directory first on sys.path, so a
+    ``foundation/`` folder or a ``foundation_tasks.py`` there would be imported in every rank;
+    the documented ``torchrun --no-python foundation train`` runs the installed command."""
+    bin_dir = Path(sys.executable).parent
+    torchrun, foundation_cmd = bin_dir / "torchrun", bin_dir / "foundation"
+    assert torchrun.is_file() and foundation_cmd.is_file(), "the package's console scripts are installed beside python"
+    marker = tmp_path / "executed"
+    (tmp_path / "foundation").mkdir()
+    (tmp_path / "foundation" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('foundation')\n")
+    (tmp_path / "foundation_tasks.py").write_text(f"open({str(marker)!r}, 'w').write('foundation_tasks')\n")
+    env = {k: v for k, v in ENV.items() if k != "PYTHONPATH"}
+    proc = subprocess.run([str(torchrun), "--nproc_per_node", "2", "--no-python", str(foundation_cmd), "train",
+                           str(REPO / "configs/seq2seq/tiny.yaml"), "train.steps=2", "eval.every=0",
+                           "log.progress=false", f"output_dir={tmp_path / 'runs'}", "run_name=ddp"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not marker.exists(), marker.read_text()
+    assert json.loads((tmp_path / "runs/ddp/status.json").read_text())["status"] == "finished"
