@@ -28,11 +28,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 class Reference(nn.Module):
-    def __init__(self, vocab: int, dim: int = 144, depth: int = 6, heads: int = 4, ffn: int = 576, mels: int = 80):
+    def __init__(self, vocab: int, dim: int = 144, depth: int = 6, heads: int = 4, ffn: int = 576, mels: int = 80,
+                 frontend: str = "conv2d", vgg_channels: tuple[int, int] = (8, 32)):
         super().__init__()
-        self.subsample = nn.Sequential(  # two stride-2 conv layers: 10 ms -> 40 ms frames
-            nn.Conv2d(1, 32, 3, 2, 1), nn.ReLU(), nn.Conv2d(32, 32, 3, 2, 1), nn.ReLU())
-        self.proj = nn.Linear(32 * math.ceil(math.ceil(mels / 2) / 2), dim)
+        if frontend == "conv2d":  # two stride-2 conv layers: 10 ms -> 40 ms frames
+            out_channels = 32
+            self.subsample = nn.Sequential(nn.Conv2d(1, 32, 3, 2, 1), nn.ReLU(), nn.Conv2d(32, 32, 3, 2, 1), nn.ReLU())
+        elif frontend == "vgg":  # the recipe's (ESPnet's VGG2L): two conv-conv-pool blocks, the same 4x
+            c1, out_channels = vgg_channels
+            self.subsample = nn.Sequential(
+                nn.Conv2d(1, c1, 3, padding=1), nn.ReLU(), nn.Conv2d(c1, c1, 3, padding=1), nn.ReLU(),
+                nn.MaxPool2d(2, ceil_mode=True),
+                nn.Conv2d(c1, out_channels, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(out_channels, out_channels, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True))
+        else:
+            raise ValueError(f"frontend: conv2d or vgg (got {frontend!r})")
+        self.proj = nn.Linear(out_channels * math.ceil(math.ceil(mels / 2) / 2), dim)
         layer = nn.TransformerEncoderLayer(dim, heads, ffn, 0.0, batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, depth, norm=nn.LayerNorm(dim), enable_nested_tensor=False)
         self.embed = nn.Embedding(vocab, 64)
@@ -88,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=4e-3)
     p.add_argument("--warmup", type=int, default=60)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--frontend", choices=["conv2d", "vgg"], default="conv2d",
+                   help="vgg: the recipe's front end (its vgg_channels), for a like-for-like model")
     a = p.parse_args(argv)
     import jiwer
 
@@ -103,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     std = torch.tensor(np.sqrt(stats["sum_square"] / stats["count"] - (stats["sum"] / stats["count"]) ** 2),
                        dtype=torch.float32)
     train = task.train_dataset()
-    model = Reference(task.tokenizer.size, mels=task.cfg.num_mel_bins)
+    model = Reference(task.tokenizer.size, mels=task.cfg.num_mel_bins, frontend=a.frontend,
+                      vgg_channels=tuple(task.cfg.vgg_channels))
     opt = torch.optim.AdamW(model.parameters(), a.lr, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / a.warmup, max(0.0, (a.steps - s) / max(1, a.steps - a.warmup))))

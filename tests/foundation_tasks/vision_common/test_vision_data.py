@@ -196,3 +196,27 @@ def test_randaugment_survives_new_pillow():
     for s in range(150):
         with seeded(s):
             assert transform(im).shape == (3, 16, 16)
+
+
+def test_a_batch_fetched_at_once_is_the_items_fetched_one_by_one(demo_root):
+    """The engine's loader fetches a batch inside ``items_fetched`` (NumPy's global state saved
+    once, not per item): the same items, bit for bit, as one ``seeded`` item at a time, with
+    RandAugment (which draws from NumPy's global RNG), and every global RNG after the batch
+    where it would have been."""
+    from foundation.engine.data import BatchFetch
+
+    cfg = TransformConfig(img_size=16, crop_pct=1.0, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.5)
+    ds = ImageFolderDataset(demo_root, "train", build_transform(cfg, train=True), random_transform=True)
+    indices = [4, 0, 7, 2, 2, 5]
+
+    def fetch(one_by_one: bool):
+        torch.manual_seed(11)
+        random.seed(11)
+        np.random.seed(11)
+        items = [ds[i] for i in indices] if one_by_one else BatchFetch(ds).__getitems__(indices)
+        return items, (torch.rand(2), random.random(), np.random.rand(2))
+
+    (a, after_a), (b, after_b) = fetch(True), fetch(False)
+    assert all(torch.equal(x, y) and la == lb for (x, la), (y, lb) in zip(a, b))
+    assert torch.equal(after_a[0], after_b[0]) and after_a[1] == after_b[1] and np.array_equal(after_a[2], after_b[2])
+    assert not torch.equal(a[3][0], a[4][0])  # the same index twice: two draws, two augmentations

@@ -1,0 +1,33 @@
+"""benchmarks/step_cost.py: our engine's step against the plain timm loop, side by side."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from support import load_benchmark
+
+from foundation_tasks.classification import demo
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_step_cost_benchmark_prints_its_ratios(tmp_path, capsys):
+    data = tmp_path / "vision-demo"
+    demo.write_dataset(data, seed=0, size=32, train_per_class=4, val_per_class=1, num_classes=10)
+    bench = load_benchmark("step_cost")
+    assert bench.main(["--tasks", "vision", "--norms", "preln", "--vision-data", str(data), "--steps", "30",
+                       "--warmup", "10", "--rounds", "1", "--batch-size", "8", "--out", str(tmp_path / "runs")]) == 0
+    table = capsys.readouterr().out.split("| task |", 1)[1]
+    plain = re.search(r"\| vision \| timm ViT, plain AdamW loop \| (\d+) \| 1\.00 \|", table)
+    ours = re.search(r"\| vision \| ours, preln \| (\d+) \| (\d+\.\d\d) \| ([\d.]+) \| (\d+) \|", table)
+    assert plain and ours, table
+    ratio = int(ours[1]) / int(plain[1])
+    assert abs(float(ours[2]) - ratio) < 0.1 * ratio + 0.02  # the ratio is of the two printed times
+    assert int(plain[1]) > 0 and float(ours[3]) > 0 and int(ours[4]) > 0
+    assert (tmp_path / "runs" / "vision-preln" / "metrics.jsonl").is_file()  # ours ran through the engine
+
+
+def test_per_step_takes_the_interval_after_warmup():
+    bench = load_benchmark("step_cost")
+    assert bench.per_step([(10, 1.0), (20, 2.0), (30, 2.5), (40, 3.0)], 20) == pytest.approx(0.05)
+    with pytest.raises(SystemExit, match="--steps must exceed --warmup"):
+        bench.per_step([(10, 1.0), (20, 2.0)], 20)
