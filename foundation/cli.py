@@ -27,6 +27,9 @@ COMMANDS = [
     (("compare", "labels"), "studies.labels:main",
      "fine-tuning at label budgets from scratch and from each modality's pretraining: "
      "foundation compare labels [--quick] [--tasks ..]"),
+    (("compare", "guard"), "studies.guard_eval:main",
+     "the stability guard's lead time and false alarms, replayed on a stability study's runs: "
+     "foundation compare guard OUT [--search]"),
     (("data", "make"), "foundation.cli:data_make_main", "generate a demo data set in its real layout: foundation data make {vision,segmentation,speech,vl} --out DIR"),
     (("probe", "update"), "studies.probe:main", "DeepNet model-update measurement per norm and depth"),
     (("export", "timm"), "foundation_tasks.classification.export:main",

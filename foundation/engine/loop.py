@@ -449,7 +449,8 @@ class Trainer:
                         return stop
                 else:
                     self.nonfinite_in_a_row = 0
-                if self.step % cfg.log.every == 0 or record.get("skipped"):
+                # a guard measurement is always logged: its series is what the guard is judged on
+                if self.step % cfg.log.every == 0 or record.get("skipped") or "update/output" in record:
                     log.log(self.step, {**record, "samples": self.samples})
                 self.progress.update(self.step, record["loss"], record["lr"], record["samples_per_s"])
                 due_eval = cfg.eval.every and self.step % cfg.eval.every == 0

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import os
 import tempfile
-from typing import Callable
+from typing import Callable, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from foundation.engine.data import item_seed
 from foundation_tasks.speech_common.corpus import SpeechDataError, Utterance
 from foundation_tasks.speech_common.features import FeatureCache
 
@@ -46,17 +48,25 @@ class BucketDataset(Dataset):
     engine's own seeded, resumable, sharded sampler (``batch_size`` 1 = one bucket)."""
 
     def __init__(self, utts: dict[str, tuple[Utterance, list[int], int]], buckets: list[tuple[str, ...]],
-                 features: Callable[[Utterance], torch.Tensor], cache: bool = False):
+                 features: Callable[..., torch.Tensor], cache: bool = False, speeds: Sequence[float] = ()):
         self.utts, self.buckets, self.feats = utts, buckets, FeatureCache(features, cache)
+        self.speeds = list(speeds)  # speed perturbation: each utterance at one of these, drawn per item
 
     def __len__(self) -> int:
         return len(self.buckets)
 
     def __getitem__(self, i: int) -> list:
+        # the speeds are a function of the item's seed (foundation.engine.data.item_seed): the
+        # same on resume and with any number of workers; a bucket keeps its utterances (their
+        # lengths move by the speed, at most max_frames / min(speeds) padded frames a batch)
+        speeds = [1.0] * len(self.buckets[i])
+        if self.speeds:
+            rng = np.random.default_rng(item_seed(i))
+            speeds = [self.speeds[k] for k in rng.integers(len(self.speeds), size=len(speeds))]
         out = []
-        for uid in self.buckets[i]:
+        for uid, speed in zip(self.buckets[i], speeds):
             utt, ids, split = self.utts[uid]
-            out.append((utt, self.feats(utt), ids, split))
+            out.append((utt, self.feats(utt, speed), ids, split))
         return out
 
 

@@ -55,6 +55,10 @@ class ASRConfig(SpeechFields):
     aux_transducer_weight: float = 0.2
     aux_layers: List[int] = field(default_factory=list)  # 0-based backbone blocks, e.g. [5, 11] of 18
     aux_mlp_dim: int = 256
+    # speed perturbation (Kaldi's / ESPnet's speed_perturb_factors, e.g. [0.9, 1.0, 1.1]): each
+    # training utterance, each epoch, resampled to one of these speeds, drawn per item
+    # (torchaudio.functional.speed: tempo and pitch move together, as in sox's speed). Empty: off
+    speed_perturb: List[float] = field(default_factory=list)
     # SpecAugment (Magneto Table 15)
     freq_masks: int = 2
     freq_mask_width: int = 27
@@ -86,6 +90,8 @@ class ASRConfig(SpeechFields):
         for name in ("predictor_dropout", "time_mask_ratio"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise bad(name, "must be in [0, 1)")
+        if any(not 0.5 <= f <= 2.0 for f in self.speed_perturb):
+            raise bad("speed_perturb", f"speeds must be in [0.5, 2] (got {list(self.speed_perturb)})")
         if self.decoding not in DECODINGS:
             raise bad("decoding", f"must be one of {', '.join(DECODINGS)}")
         if self.beam_search not in SEARCH_TYPES:
@@ -159,7 +165,7 @@ class ASR(SpeechTask):
         return [utts[i] for i in labelled_fraction(len(utts), self.cfg.train_fraction, self.cfg.subset_seed,
                                                    "utterances")]
 
-    def _dataset(self, splits: list[str], keep: Optional[set[str]] = None) -> BucketDataset:
+    def _dataset(self, splits: list[str], keep: Optional[set[str]] = None, train: bool = False) -> BucketDataset:
         """Every utterance checked (audio header, transcript) before any training; ``keep``: only
         these utterance ids."""
         c = self.cfg
@@ -177,11 +183,12 @@ class ASR(SpeechTask):
                 except (SpeechDataError, TranscriptError) as e:
                     raise SpeechDataError(f"{split}: {e}") from None
             buckets += length_buckets(lengths, c.max_frames)
-        return BucketDataset(utts, buckets, self.features, cache=c.cache_features)
+        return BucketDataset(utts, buckets, self.features, cache=c.cache_features,
+                             speeds=c.speed_perturb if train else ())
 
     def train_dataset(self) -> BucketDataset:
         keep = None if self.cfg.train_fraction is None else {u.id for u in self.labelled_utterances()}
-        return self._dataset(self.cfg.train_splits, keep)
+        return self._dataset(self.cfg.train_splits, keep, train=True)
 
     def eval_dataset(self) -> BucketDataset:
         return self._dataset(self.cfg.eval_splits)

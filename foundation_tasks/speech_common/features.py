@@ -120,16 +120,18 @@ def save_stats(stats: dict[str, np.ndarray], path: Path) -> None:
 
 
 class FeatureCache:
-    """``features(utt)``, kept per utterance id when ``enabled`` (each worker process keeps
-    its own copy: features of a small corpus are computed once, not every epoch)."""
+    """``features(utt[, speed])``, kept per utterance id (and speed) when ``enabled`` (each worker
+    process keeps its own copy: features of a small corpus are computed once, not every epoch)."""
 
-    def __init__(self, features: Callable[[Utterance], torch.Tensor], enabled: bool):
+    def __init__(self, features: Callable[..., torch.Tensor], enabled: bool):
         self.features = features
-        self.cache: dict[str, torch.Tensor] | None = {} if enabled else None
+        self.cache: dict[tuple[str, float], torch.Tensor] | None = {} if enabled else None
 
-    def __call__(self, utt: Utterance) -> torch.Tensor:
+    def __call__(self, utt: Utterance, speed: float = 1.0) -> torch.Tensor:
+        args = (utt,) if speed == 1.0 else (utt, speed)
         if self.cache is None:
-            return self.features(utt)
-        if utt.id not in self.cache:
-            self.cache[utt.id] = self.features(utt)
-        return self.cache[utt.id]
+            return self.features(*args)
+        key = (utt.id, speed)
+        if key not in self.cache:
+            self.cache[key] = self.features(*args)
+        return self.cache[key]

@@ -94,8 +94,13 @@ class SpeechTask(Task):
             raise ConfigError(f"field 'backbone.arch': {self.name} needs an 'encoder' backbone "
                               f"(got {self.backbone_cfg.arch!r})")
 
-    def features(self, utt: Utterance) -> torch.Tensor:
-        return fbank(load_audio(utt, self.cfg.sample_rate), self.cfg.sample_rate, self.cfg.num_mel_bins)
+    def features(self, utt: Utterance, speed: float = 1.0) -> torch.Tensor:
+        wav = load_audio(utt, self.cfg.sample_rate)
+        if speed != 1.0:
+            from torchaudio.functional import speed as change_speed
+
+            wav = change_speed(wav, self.cfg.sample_rate, speed)[0]
+        return fbank(wav, self.cfg.sample_rate, self.cfg.num_mel_bins)
 
     def prepare_cmvn(self) -> None:
         """The global CMVN statistics of the training splits, once (ESPnet's stage 5)."""

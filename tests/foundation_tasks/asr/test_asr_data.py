@@ -53,6 +53,45 @@ def test_demo_corpus_layout_and_held_out_voices(speech_corpus):
     assert all(f"| {s:<6} |" in listing for s in ("train", "dev", "test"))
 
 
+def test_the_demo_holds_out_accents_and_variants_not_only_voices():
+    """`foundation data make speech`'s dev and test voices: neither their accent nor their
+    variant occurs in training, and dev and test share no voice."""
+    from foundation_tasks.asr.demo import demo_voices
+
+    splits = {k: [v.split("+") for v in voices] for k, voices in demo_voices().items()}
+    train_accents, train_variants = {a for a, _ in splits["train"]}, {v for _, v in splits["train"]}
+    assert len(splits["train"]) == 60 and len(train_accents) == 6 and len(train_variants) == 10
+    for split in ("dev", "test"):
+        assert splits[split] and all(a not in train_accents and v not in train_variants for a, v in splits[split])
+    assert not set(map(tuple, splits["dev"])) & set(map(tuple, splits["test"]))
+
+
+def test_speed_perturbation_is_per_item_seeded_and_training_only(speech_corpus, prep):
+    """`speed_perturb`: each training utterance at one of the speeds, drawn from the item's seed
+    (the same draw for the same seed, cached per speed), lengths moving as 1 / speed; evaluation
+    never perturbed."""
+    import torch
+
+    task = make_task(speech_corpus, prep, max_frames=800, cache_features=True, speed_perturb=[0.8, 1.25])
+    plain = make_task(speech_corpus, prep, max_frames=800, cache_features=True).train_dataset()
+    train = task.train_dataset()
+
+    def lengths(ds, seed):
+        torch.manual_seed(seed)
+        return [f.shape[0] for _, f, _, _ in ds[0]]
+
+    base = lengths(plain, 0)
+    a, b = lengths(train, 0), lengths(train, 0)
+    assert a == b and a != base  # a function of the seed; perturbed
+    for n, m in zip(base, a):
+        assert min(abs(m - n / 0.8), abs(m - n / 1.25)) <= 2  # every utterance at one of the two speeds
+    assert any(lengths(train, s) != a for s in range(1, 6))  # new draws per item seed (epoch)
+    assert [f.shape[0] for _, f, _, _ in task.eval_dataset()[0]] == \
+        [f.shape[0] for _, f, _, _ in make_task(speech_corpus, prep, max_frames=800).eval_dataset()[0]]
+    with pytest.raises(ConfigError, match=r"speed_perturb.*\[0\.5, 2\]"):
+        make_task(speech_corpus, prep, speed_perturb=[0.9, 3.0])
+
+
 def test_tokenizer_round_trip_and_unknown_characters(speech_corpus, tmp_path):
     texts = [u.text for u in read_librispeech(speech_corpus / "train")]
     path = train_tokenizer(texts, tmp_path / "sp.model", vocab_size=30)

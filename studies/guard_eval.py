@@ -1,0 +1,246 @@
+"""``foundation compare guard``: how early the stability guard sees divergence, and how often it
+cries wolf, on the runs of a stability study that measured the model update.
+
+    foundation compare stability --tasks seq2seq,classification guard.mode=warn guard.every=2 --out runs/guard
+    foundation compare guard runs/guard                    # the guard's defaults, replayed on every run
+    foundation compare guard runs/guard --search           # + every (factor, window, warmup) of a grid
+
+The guard's rule (``foundation.engine.guard.Guard``: the update per unit of learning rate against
+``factor`` x the median of the last ``window`` healthy measurements, after ``warmup`` of them)
+is replayed offline on each run's logged ``update/output`` series, taking every ``every``-th
+measured step, so one study measured densely judges any setting. A run's verdict is the
+stability study's own (``studies.verdict``: diverged at step N, converged, not converged):
+
+* **lead**: for a run that diverged at step N, N minus the guard's first firing step (fired at
+  or before N; a firing after N, or none, is a miss);
+* **false alarm**: a converged run in which the guard fired at all.
+
+Writes OUT/guard.md (a table per task and rule, the bars, the search), OUT/guard.json and
+OUT/guard.png (update per unit lr against step for a diverging and a converging run of each
+task, the firing step marked).
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from foundation.engine.config import GuardConfig
+from foundation.engine.guard import Guard
+from studies.runs import read_records
+
+LEAD_BAR, WARNED_BAR, FALSE_ALARM_BAR = 20, 0.8, 0.05  # issue bars: >= 20 steps ahead in >= 80 %, <= 5 % false
+FACTORS, WINDOWS, WARMUPS, EVERY = (2.0, 3.0, 4.0, 6.0, 8.0), (10, 20, 40), (3, 5, 10), (2, 5, 10)
+
+
+@dataclass(frozen=True)
+class Setting:
+    factor: float
+    window: int
+    warmup: int
+    every: int
+
+    def text(self) -> str:
+        return f"factor {self.factor:g}, window {self.window}, warmup {self.warmup}, every {self.every}"
+
+
+@dataclass
+class RunSeries:
+    """One run of the study: its verdict and its measured updates."""
+
+    task: str
+    norm: str
+    lr: float
+    seed: int
+    verdict: str  # converged | not converged | diverged | ...
+    diverged_step: Optional[int]
+    steps: list[int]
+    updates: list[float]
+    lrs: list[float]
+    run_dir: str
+
+
+def measured(run_dir: str | Path) -> tuple[list[int], list[float], list[float]]:
+    """(steps, update/output, lr) of the run's guard measurements, in step order."""
+    rows = sorted({int(r["step"]): (float(r["update/output"]), float(r.get("lr", 0.0)))
+                   for r in read_records(run_dir) if "update/output" in r and "event" not in r}.items())
+    return [s for s, _ in rows], [u for _, (u, _) in rows], [lr for _, (_, lr) in rows]
+
+
+def first_firing(run: RunSeries, setting: Setting) -> Optional[int]:
+    """The step at which ``Guard`` with ``setting`` first fires on the run's series."""
+    guard = Guard(setting.factor, setting.window, setting.warmup)
+    for step, update, lr in zip(run.steps, run.updates, run.lrs):
+        if step % setting.every:
+            continue
+        if guard.check(step, update, lr) is not None:
+            return step
+    return None
+
+
+def load_study(out: Path) -> list[RunSeries]:
+    """Every run of the stability study at ``out`` (its results.json) that measured updates."""
+    path = out / "results.json"
+    if not path.is_file():
+        raise SystemExit(f"foundation compare guard: {path} not found (run foundation compare stability "
+                         f"... guard.mode=warn --out {out} first)")
+    data = json.loads(path.read_text())
+    task_of = {}
+    for t in data.get("tasks", []):
+        for s in t.get("summary", []):
+            task_of[(s["norm"], s["lr"])] = t["task"]
+    runs = []
+    for o in data.get("runs", []):
+        steps, updates, lrs = measured(o["run_dir"])
+        if not steps:
+            continue
+        task = Path(o["run_dir"]).parents[2].name  # OUT/<task>/<depth>L/runs/<name>
+        runs.append(RunSeries(task, o["norm"], o["lr"], o["seed"], o["verdict"], o.get("diverged_step"),
+                              steps, updates, lrs, o["run_dir"]))
+    if not runs:
+        raise SystemExit(f"foundation compare guard: no run under {out} logged update/output: run the study with "
+                         "guard.mode=warn (and guard.every=2 for a dense series)")
+    return runs
+
+
+def score(runs: Sequence[RunSeries], setting: Setting) -> dict:
+    """Leads of the diverged runs, false alarms of the converged ones."""
+    leads, misses, alarms, converged = [], 0, 0, 0
+    for run in runs:
+        fired = first_firing(run, setting)
+        if run.verdict == "diverged" and run.diverged_step is not None:
+            if fired is not None and fired <= run.diverged_step:
+                leads.append(run.diverged_step - fired)
+            else:
+                misses += 1
+        elif run.verdict == "converged":
+            converged += 1
+            alarms += fired is not None
+    diverged = len(leads) + misses
+    early = sum(lead >= LEAD_BAR for lead in leads)
+    return {"diverged": diverged, "warned_early": early, "warned_early_share": early / diverged if diverged else None,
+            "median_lead": statistics.median(leads) if leads else None, "misses": misses,
+            "converged": converged, "false_alarms": alarms,
+            "false_alarm_share": alarms / converged if converged else None}
+
+
+def passes(s: dict) -> bool:
+    return (s["warned_early_share"] is not None and s["warned_early_share"] >= WARNED_BAR
+            and (s["false_alarm_share"] or 0.0) <= FALSE_ALARM_BAR)
+
+
+def pct(x: Optional[float]) -> str:
+    return "-" if x is None else f"{100 * x:.0f} %"
+
+
+def table(runs: Sequence[RunSeries], setting: Setting) -> list[str]:
+    rows = ["| task | rule | diverged | warned >= 20 steps ahead | median lead (steps) | missed | converged | "
+            "false alarms |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    groups = sorted({(r.task, r.norm) for r in runs})
+    for task, norm in [*groups, ("all", "all")]:
+        chosen = [r for r in runs if task == "all" or (r.task, r.norm) == (task, norm)]
+        s = score(chosen, setting)
+        lead = "-" if s["median_lead"] is None else f"{s['median_lead']:g}"
+        name = "**all**" if task == "all" else task
+        rows.append(f"| {name} | {'' if task == 'all' else norm} | {s['diverged']} | {s['warned_early']} "
+                    f"({pct(s['warned_early_share'])}) | {lead} | {s['misses']} | {s['converged']} | "
+                    f"{s['false_alarms']} ({pct(s['false_alarm_share'])}) |")
+    return rows
+
+
+def search(runs: Sequence[RunSeries]) -> list[tuple[Setting, dict]]:
+    """Every setting of the grid, those passing the bars first, then by early warnings and false alarms."""
+    scored = [(Setting(f, w, u, e), score(runs, Setting(f, w, u, e)))
+              for f, w, u, e in itertools.product(FACTORS, WINDOWS, WARMUPS, EVERY) if u <= w]
+    return sorted(scored, key=lambda x: (not passes(x[1]), -(x[1]["warned_early_share"] or 0),
+                                         x[1]["false_alarm_share"] or 0, x[0].every, x[0].warmup))
+
+
+def plot(runs: Sequence[RunSeries], setting: Setting, path: Path) -> Optional[Path]:
+    """Per task: update per unit lr against step, a diverging and a converging run, firings marked."""
+    from studies.plots import pyplot
+
+    tasks = sorted({r.task for r in runs})
+    pairs = []
+    for task in tasks:
+        div = [r for r in runs if r.task == task and r.verdict == "diverged" and r.diverged_step]
+        conv = [r for r in runs if r.task == task and r.verdict == "converged"]
+        pick = [max(div, key=lambda r: r.diverged_step)] if div else []
+        pick += [max(conv, key=lambda r: r.lr)] if conv else []
+        if pick:
+            pairs.append((task, pick))
+    if not pairs:
+        return None
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 3.6), squeeze=False)
+    for ax, (task, pick) in zip(axes[0], pairs):
+        for run, colour in zip(pick, ("tab:red", "tab:blue")):
+            rates = [u / lr if lr > 0 else u for u, lr in zip(run.updates, run.lrs)]
+            label = f"{run.norm} lr {run.lr:g}: " + (f"diverged at {run.diverged_step}" if run.verdict == "diverged"
+                                                     else run.verdict)
+            ax.plot(run.steps, rates, color=colour, label=label)
+            fired = first_firing(run, setting)
+            if fired is not None:
+                ax.axvline(fired, color=colour, linestyle=":", label=f"guard fires at {fired}")
+            if run.verdict == "diverged":
+                ax.axvline(run.diverged_step, color=colour, linestyle="--", alpha=0.5)
+        ax.set_yscale("log")
+        ax.set(title=task, xlabel="step", ylabel="update / lr")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: Sequence[str]) -> int:
+    d = GuardConfig()
+    p = argparse.ArgumentParser(prog="foundation compare guard", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("out", type=Path, help="the output folder of a foundation compare stability run with guard.mode=warn")
+    p.add_argument("--factor", type=float, default=d.factor)
+    p.add_argument("--window", type=int, default=d.window)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--every", type=int, default=d.every)
+    p.add_argument("--search", action="store_true", help="also score every setting of a grid of the four")
+    a = p.parse_args(argv)
+    if min(a.window, a.every) < 1 or a.warmup < 0 or a.factor <= 1:
+        print("foundation compare guard: error: --window and --every must be >= 1, --warmup >= 0, --factor > 1",
+              file=sys.stderr)
+        return 2
+    runs = load_study(a.out)
+    setting = Setting(a.factor, a.window, a.warmup, a.every)
+    coarsest = max(min(b - a_ for a_, b in zip(r.steps, r.steps[1:])) if len(r.steps) > 1 else 1 for r in runs)
+    parts = ["# The stability guard on the stability study's runs", "",
+             f"`foundation compare guard {' '.join(argv)}`: {len(runs)} runs that logged the model update "
+             f"(measured every {coarsest} steps or closer). Diverged / converged: the stability study's verdict. "
+             f"Bars: warned at least {LEAD_BAR} steps ahead in at least {100 * WARNED_BAR:.0f} % of the diverged runs; "
+             f"false alarms in at most {100 * FALSE_ALARM_BAR:.0f} % of the converged runs.", "",
+             f"## The setting asked for ({setting.text()})", "", *table(runs, setting), ""]
+    result = {"setting": setting.__dict__, "score": score(runs, setting)}
+    if a.search:
+        ranked = search(runs)
+        parts += ["## Every setting of the grid (the ten best)", "",
+                  "| setting | warned >= 20 ahead | median lead | false alarms | passes |", "|---|---:|---:|---:|---|"]
+        for s, sc in ranked[:10]:
+            parts.append(f"| {s.text()} | {pct(sc['warned_early_share'])} | {sc['median_lead']} | "
+                         f"{pct(sc['false_alarm_share'])} | {'yes' if passes(sc) else 'no'} |")
+        result["search"] = [{"setting": s.__dict__, "score": sc} for s, sc in ranked]
+        best = ranked[0][0]
+        parts += ["", f"### The best setting ({best.text()}), per task and rule", "", *table(runs, best), ""]
+    if plot(runs, setting, a.out / "guard.png"):
+        parts += ["![update per unit lr, a diverging and a converging run per task](guard.png)", ""]
+    (a.out / "guard.md").write_text("\n".join(parts))
+    (a.out / "guard.json").write_text(json.dumps(result, indent=1))
+    print("\n".join(parts))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

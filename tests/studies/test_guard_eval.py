@@ -1,0 +1,70 @@
+"""`foundation compare guard`: the guard's rule replayed on a stability study's logged updates."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from studies import guard_eval
+
+
+def write_run(root: Path, task: str, name: str, rates: dict[int, float], lr: float = 0.01) -> str:
+    run = root / task / "24L" / "runs" / name
+    run.mkdir(parents=True)
+    lines = [json.dumps({"step": s, "time": 0.0, "loss": 1.0, "lr": lr, "update/output": rate * lr})
+             for s, rate in sorted(rates.items())]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return str(run)
+
+
+def study(tmp_path: Path) -> Path:
+    steady = {s: 1.0 for s in range(2, 101, 2)}
+    runs = [
+        # diverges at step 90, its update jumping 10x from step 60 on: warned 30 steps ahead
+        ("seq2seq", "postln_lr1_seed0", "postln", "diverged", 90, {**steady, **{s: 10.0 for s in range(60, 101, 2)}}),
+        # diverges at step 40, jumping only at step 30: warned 10 steps ahead (too late for the bar)
+        ("seq2seq", "postln_lr3_seed0", "postln", "diverged", 40, {**steady, **{s: 10.0 for s in range(30, 101, 2)}}),
+        # converges, steady: no alarm
+        ("seq2seq", "preln_lr1_seed0", "preln", "converged", None, steady),
+        # converges with one 5x spike: an alarm at factor 4, none at factor 6
+        ("classification", "preln_lr1_seed0", "preln", "converged", None, {**steady, 50: 5.0}),
+    ]
+    out = tmp_path / "study"
+    records = []
+    for task, name, norm, verdict, at, rates in runs:
+        records.append({"name": name, "norm": norm, "seed": 0, "lr": 0.01, "verdict": verdict, "diverged_step": at,
+                        "run_dir": write_run(out, task, name, rates)})
+    (out / "results.json").write_text(json.dumps({"tasks": [], "runs": records}))
+    return out
+
+
+def test_leads_misses_and_false_alarms_are_counted_on_replayed_series(tmp_path):
+    runs = guard_eval.load_study(study(tmp_path))
+    assert {r.task for r in runs} == {"seq2seq", "classification"} and len(runs[0].steps) == 50
+    s = guard_eval.score(runs, guard_eval.Setting(factor=4.0, window=20, warmup=5, every=2))
+    assert (s["diverged"], s["warned_early"], s["misses"], s["median_lead"]) == (2, 1, 0, 20.0)  # leads 30 and 10
+    assert (s["converged"], s["false_alarms"]) == (2, 1)
+    s6 = guard_eval.score(runs, guard_eval.Setting(factor=6.0, window=20, warmup=5, every=2))
+    assert s6["false_alarms"] == 0 and s6["warned_early"] == 1
+    # measuring every 10 steps sees the step-30 jump at step 30 and the spike at 50 still
+    s10 = guard_eval.score(runs, guard_eval.Setting(factor=4.0, window=20, warmup=2, every=10))
+    assert s10["median_lead"] == 20.0 and s10["false_alarms"] == 1
+
+
+def test_the_command_writes_its_report_and_figure(tmp_path, capsys):
+    out = study(tmp_path)
+    assert guard_eval.main([str(out), "--search", "--factor", "6"]) == 0
+    text = (out / "guard.md").read_text()
+    assert "| seq2seq | postln | 2 | 1 (50 %) | 20 | 0 | 0 | 0 (-) |" in text
+    assert "| classification | preln | 0 | 0 (-) | - | 0 | 1 | 0 (0 %) |" in text
+    assert "## Every setting of the grid" in text and (out / "guard.png").stat().st_size > 0
+    assert json.loads((out / "guard.json").read_text())["score"]["false_alarms"] == 0
+
+
+def test_a_study_without_measurements_is_one_line(tmp_path):
+    import pytest
+
+    (tmp_path / "results.json").write_text(json.dumps({"tasks": [], "runs": []}))
+    with pytest.raises(SystemExit, match="guard.mode=warn"):
+        guard_eval.load_study(tmp_path)
+    with pytest.raises(SystemExit, match="results.json not found"):
+        guard_eval.load_study(tmp_path / "nowhere")
