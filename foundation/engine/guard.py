@@ -15,9 +15,11 @@ kept as drawn; the probe forward runs in eval mode, without gradients, under a f
 the RNG states restored after, so measuring changes nothing about the training itself.
 
 ``Guard`` judges each measurement against the run's own recent ones: Adam's step is proportional
-to the learning rate, so the update per unit of learning rate is steady in a healthy run (it
-falls slowly); the guard fires when it exceeds ``guard.factor`` times the median of the last
-``guard.window`` measurements (after ``guard.warmup`` of them). ``warn`` says so in one line per
+to the learning rate, so the update per unit of learning rate is steady in a healthy run while
+the lr warms up (it falls slowly); after the peak the update is divided by the peak lr, so a
+decaying schedule reads as a falling update. The guard fires when that rate exceeds
+``guard.factor`` times the median of the last ``guard.window`` measurements (after
+``guard.warmup`` of them). ``warn`` says so in one line per
 episode; ``recover`` rolls the model and optimizer back to the last state kept in memory
 (every ``guard.snapshot_every`` healthy steps), multiplies the learning rate by
 ``guard.lr_backoff`` for the rest of the run, and goes on. Every firing is written to the
@@ -124,9 +126,14 @@ class Guard:
         self.factor, self.warmup = factor, warmup
         self.recent: deque[float] = deque(maxlen=window)
         self.firing = False  # inside an episode: one warning per episode
+        self.peak_lr = 0.0
 
     def check(self, step: int, update: float, lr: float) -> Optional[dict[str, float]]:
-        rate = update / lr if lr > 0 else update
+        # per unit of the largest lr so far: the current lr while it warms up; after its peak, as
+        # the schedule decays, the update shrinks more slowly than the lr (dividing by the
+        # current lr made the end of every healthy decaying run look like a jump)
+        self.peak_lr = max(self.peak_lr, lr)
+        rate = update / self.peak_lr if self.peak_lr > 0 else update
         if len(self.recent) < self.warmup or not self.recent:
             self.recent.append(rate)
             return None

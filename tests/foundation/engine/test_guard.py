@@ -116,3 +116,23 @@ def test_off_is_the_default_and_bit_exact(tmp_path):
 def test_bad_guard_settings_name_the_field(tmp_path, guard, named):
     with pytest.raises(ConfigError, match=named):
         resolve(tiny_config(tmp_path, guard=guard))
+
+
+def test_a_decaying_schedule_is_not_a_jump_but_a_jump_after_the_peak_is():
+    """After the lr's peak the update is judged per unit of the peak lr: an update that shrinks
+    more slowly than a cosine decay (as Adam's does) never fires; a 10x jump in the decay does."""
+    import math
+
+    from foundation.engine.guard import Guard
+
+    def run(jump_at=None):
+        guard, fired = Guard(factor=4.0, window=20, warmup=5), []
+        for step in range(10, 1001, 10):
+            lr = 1e-3 * min(1.0, step / 100) * (0.5 * (1 + math.cos(math.pi * max(0, step - 100) / 900)) + 1e-3)
+            update = 0.05 * math.sqrt(lr / 1e-3) * (10 if jump_at and step >= jump_at else 1)
+            if guard.check(step, update, lr) is not None:
+                fired.append(step)
+        return fired
+
+    assert run() == []
+    assert run(jump_at=600)[:1] == [600]

@@ -18,12 +18,12 @@ def test_the_step_cost_benchmark_prints_its_ratios(tmp_path, capsys):
                        "--warmup", "10", "--rounds", "1", "--batch-size", "8", "--out", str(tmp_path / "runs")]) == 0
     table = capsys.readouterr().out.split("| task |", 1)[1]
     plain = re.search(r"\| vision \| timm ViT, plain AdamW loop \| (\d+) \| 1\.00 \|", table)
-    ours = re.search(r"\| vision \| ours, preln \| (\d+) \| (\d+\.\d\d) \| ([\d.]+) \| (\d+) \|", table)
+    ours = re.search(r"\| vision \| ours, preln \| (\d+) \| (\d+\.\d\d) \| (\d+) \| (\d+) \|", table)
     assert plain and ours, table
     ratio = int(ours[1]) / int(plain[1])
     assert abs(float(ours[2]) - ratio) < 0.1 * ratio + 0.02  # the ratio is of the two printed times
-    assert int(plain[1]) > 0 and float(ours[3]) > 0 and int(ours[4]) > 0
-    assert (tmp_path / "runs" / "vision-preln" / "metrics.jsonl").is_file()  # ours ran through the engine
+    assert int(plain[1]) > 0 and int(ours[4]) > 0  # the data of 8 small images may round to 0 ms
+    assert (tmp_path / "runs" / "vision-preln-30" / "metrics.jsonl").is_file()  # ours ran through the engine
 
 
 def test_per_step_takes_the_interval_after_warmup():
