@@ -11,8 +11,9 @@ is replayed offline on each run's logged ``update/output`` series, taking every 
 measured step, so one study measured densely judges any setting. A run's verdict is the
 stability study's own (``studies.verdict``: diverged at step N, converged, not converged):
 
-* **lead**: for a run that diverged at step N, N minus the guard's first firing step (fired at
-  or before N; a firing after N, or none, is a miss);
+* **lead**: for a run that diverged, its onset N (the first non-finite step, or where its loss
+  first spiked above twice the first loss, the study's spike rule) minus the guard's first
+  firing step (fired at or before N; a firing after N, or none, is a miss);
 * **false alarm**: a converged run in which the guard fired at all.
 
 Writes OUT/guard.md (a table per task and rule, the bars, the search), OUT/guard.json and
@@ -32,7 +33,8 @@ from typing import Optional, Sequence
 
 from foundation.engine.config import GuardConfig
 from foundation.engine.guard import Guard
-from studies.runs import read_records
+from studies.runs import read_records, train_losses
+from studies.verdict import SPIKE_WINDOW
 
 LEAD_BAR, WARNED_BAR, FALSE_ALARM_BAR = 20, 0.8, 0.05  # issue bars: >= 20 steps ahead in >= 80 %, <= 5 % false
 FACTORS, WINDOWS, WARMUPS, EVERY = (2.0, 3.0, 4.0, 6.0, 8.0), (10, 20, 40), (3, 5, 10), (2, 5, 10)
@@ -72,6 +74,26 @@ def measured(run_dir: str | Path) -> tuple[list[int], list[float], list[float]]:
     return [s for s, _ in rows], [u for _, (u, _) in rows], [lr for _, (_, lr) in rows]
 
 
+def onset(run_dir: str | Path, fallback: Optional[int], explode_factor: float = 2.0) -> Optional[int]:
+    """Where the divergence began: the first non-finite step, or the first step of the first
+    ``SPIKE_WINDOW`` logged losses whose mean is above ``explode_factor`` x the first loss (the
+    study's spike rule), whichever comes first. The engine dates a loss that ended above its
+    limit at the run's end; what the guard must beat is the blow-up's start."""
+    records = read_records(run_dir)
+    bad = [int(r["step"]) for r in records if r.get("event") == "nonfinite" or r.get("skipped")]
+    steps, losses = train_losses(records)
+    spike = None
+    if losses:
+        limit = explode_factor * losses[0]
+        for i in range(len(losses)):
+            window = losses[max(0, i - SPIKE_WINDOW + 1): i + 1]
+            if len(window) == min(SPIKE_WINDOW, len(losses)) and sum(window) / len(window) > limit:
+                spike = steps[next(j for j in range(max(0, i - SPIKE_WINDOW + 1), i + 1) if losses[j] > limit)]
+                break
+    found = [s for s in (min(bad, default=None), spike) if s is not None]
+    return min(found) if found else fallback
+
+
 def first_firing(run: RunSeries, setting: Setting) -> Optional[int]:
     """The step at which ``Guard`` with ``setting`` first fires on the run's series."""
     guard = Guard(setting.factor, setting.window, setting.warmup)
@@ -100,8 +122,9 @@ def load_study(out: Path) -> list[RunSeries]:
         if not steps:
             continue
         task = Path(o["run_dir"]).parents[2].name  # OUT/<task>/<depth>L/runs/<name>
-        runs.append(RunSeries(task, o["norm"], o["lr"], o["seed"], o["verdict"], o.get("diverged_step"),
-                              steps, updates, lrs, o["run_dir"]))
+        at = onset(o["run_dir"], o.get("diverged_step")) if o["verdict"] == "diverged" else None
+        runs.append(RunSeries(task, o["norm"], o["lr"], o["seed"], o["verdict"], at, steps, updates, lrs,
+                              o["run_dir"]))
     if not runs:
         raise SystemExit(f"foundation compare guard: no run under {out} logged update/output: run the study with "
                          "guard.mode=warn (and guard.every=2 for a dense series)")

@@ -68,3 +68,16 @@ def test_a_study_without_measurements_is_one_line(tmp_path):
         guard_eval.load_study(tmp_path)
     with pytest.raises(SystemExit, match="results.json not found"):
         guard_eval.load_study(tmp_path / "nowhere")
+
+
+def test_the_onset_is_where_the_loss_blew_up_not_where_the_run_ended(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    losses = {s: (2.0 if s < 50 else 9.0) for s in range(2, 101, 2)}
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": v}) + "\n" for s, v in losses.items()))
+    assert guard_eval.onset(run, fallback=100) == 50  # the engine dated it at the end (100)
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 2.0}) + "\n" for s in range(2, 101, 2))
+                                       + json.dumps({"step": 30, "event": "nonfinite", "what": "loss"}) + "\n")
+    assert guard_eval.onset(run, fallback=100) == 30
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 2.0}) + "\n")
+    assert guard_eval.onset(run, fallback=7) == 7
