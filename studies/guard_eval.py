@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 from foundation.engine.config import GuardConfig
 from foundation.engine.guard import Guard
 from studies.runs import read_records, train_losses
-from studies.verdict import SPIKE_WINDOW
+from studies.verdict import loss_spike
 
 LEAD_BAR, WARNED_BAR, FALSE_ALARM_BAR = 20, 0.8, 0.05  # issue bars: >= 20 steps ahead in >= 80 %, <= 5 % false
 FACTORS, WINDOWS, WARMUPS, EVERY = (2.0, 3.0, 4.0, 6.0, 8.0), (10, 20, 40), (3, 5, 10), (2, 5, 10)
@@ -82,14 +82,8 @@ def onset(run_dir: str | Path, fallback: Optional[int], explode_factor: float = 
     records = read_records(run_dir)
     bad = [int(r["step"]) for r in records if r.get("event") == "nonfinite" or r.get("skipped")]
     steps, losses = train_losses(records)
-    spike = None
-    if losses:
-        limit = explode_factor * losses[0]
-        for i in range(len(losses)):
-            window = losses[max(0, i - SPIKE_WINDOW + 1): i + 1]
-            if len(window) == min(SPIKE_WINDOW, len(losses)) and sum(window) / len(window) > limit:
-                spike = steps[next(j for j in range(max(0, i - SPIKE_WINDOW + 1), i + 1) if losses[j] > limit)]
-                break
+    spike = loss_spike(steps, losses, explode_factor)
+    spike = spike[0] if spike else None
     found = [s for s in (min(bad, default=None), spike) if s is not None]
     return min(found) if found else fallback
 

@@ -88,6 +88,21 @@ class Outcome:
     run_dir: str = ""
 
 
+def loss_spike(steps: Sequence[int], losses: Sequence[float], explode_factor: float) -> Optional[tuple[int, int, float]]:
+    """The first window of ``SPIKE_WINDOW`` logged losses whose mean is above ``explode_factor`` x
+    the first loss: (the step where the spell above the limit began, the window's length, its
+    mean), or None."""
+    if not losses:
+        return None
+    limit = explode_factor * losses[0]
+    for i in range(len(losses)):
+        window = losses[max(0, i - SPIKE_WINDOW + 1): i + 1]
+        if len(window) == min(SPIKE_WINDOW, len(losses)) and sum(window) / len(window) > limit:
+            first = next(j for j in range(max(0, i - SPIKE_WINDOW + 1), i + 1) if losses[j] > limit)
+            return steps[first], len(window), sum(window) / len(window)
+    return None
+
+
 def judge(spec: RunSpec, run_dir: Path, rules: Rules = Rules(), failure: str = "") -> Outcome:
     """The verdict on one run directory (the rules in the module docstring)."""
     explode_factor = rules.explode_factor
@@ -120,17 +135,12 @@ def judge(spec: RunSpec, run_dir: Path, rules: Rules = Rules(), failure: str = "
         out.verdict = "failed" if failure else "incomplete"
         out.reason = failure or (f"engine status {engine!r}" if engine else "no status.json: not run to the end")
         return out
-    if explode_factor and losses:
-        limit = explode_factor * losses[0]
-        for i in range(len(losses)):
-            window = losses[max(0, i - SPIKE_WINDOW + 1): i + 1]
-            if len(window) == min(SPIKE_WINDOW, len(losses)) and sum(window) / len(window) > limit:
-                # the step where the spell above the limit began (the window's first step above it)
-                first = next(j for j in range(max(0, i - SPIKE_WINDOW + 1), i + 1) if losses[j] > limit)
-                out.verdict, out.diverged_step = "diverged", steps[first]
-                out.reason = (f"loss spike: mean over {len(window)} steps {sum(window) / len(window):.3g} > "
-                              f"{explode_factor:g} x first loss {losses[0]:.3g}")
-                return out
+    spike = loss_spike(steps, losses, explode_factor) if explode_factor else None
+    if spike is not None:
+        out.verdict, out.diverged_step = "diverged", spike[0]
+        out.reason = (f"loss spike: mean over {spike[1]} steps {spike[2]:.3g} > "
+                      f"{explode_factor:g} x first loss {losses[0]:.3g}")
+        return out
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]
     if bad:
         out.verdict, out.diverged_step = "diverged", eval_step
