@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from foundation.config import ConfigError
 from foundation.engine.failure import EXIT_CODES, RunDirInUse
@@ -69,11 +69,29 @@ def run_name(norm: str, lr: float, seed) -> str:
     return f"{norm}_lr{fmt_lr(lr)}_seed{seed}"
 
 
-def grid(norms: Sequence[str], seeds: Sequence[int], lrs: Sequence[float]) -> list[RunSpec]:
-    """norm-major, then lr, then seed: the runs of one norm finish together."""
+def grid(norms: Sequence[str], seeds: Sequence[int], lrs: Sequence[float] | Mapping[str, float]) -> list[RunSpec]:
+    """norm-major, then lr, then seed: the runs of one norm finish together. ``lrs``: the peak lrs
+    every norm runs, or one per norm (``config_lrs``: a config that sets ``${by_norm:...}``)."""
+    def of(norm: str) -> Sequence[float]:
+        return [lrs[norm]] if isinstance(lrs, Mapping) else lrs
+
     return [RunSpec(run_name(norm, lr, seed), norm, seed, lr,
                     overrides=[*norm_overrides(norm), f"seed={seed}", f"optim.lr={lr!r}"])
-            for norm in norms for lr in lrs for seed in seeds]
+            for norm in norms for lr in of(norm) for seed in seeds]
+
+
+def config_lrs(config, overrides: Sequence[str], norms: Sequence[str], seed: int) -> dict[str, float]:
+    """Each norm's peak lr as the config resolves it under that norm: a config may set one per norm
+    (``optim.lr: ${by_norm:{magneto: 8.0e-3, preln: 4.0e-3}}``), and a comparison runs each at its own."""
+    from foundation.engine.config import load_config
+
+    return {norm: load_config(config, [*per_run(overrides, norm, seed), *norm_overrides(norm)],
+                              check_data=False)[0].optim.lr for norm in norms}
+
+
+def lr_values(lrs: Sequence[float] | Mapping[str, float]) -> list[float]:
+    """The distinct peak lrs of a grid, ascending (the report's lr columns)."""
+    return sorted(set(lrs.values())) if isinstance(lrs, Mapping) else list(lrs)
 
 
 class Runner:
@@ -276,7 +294,7 @@ def main(argv: Sequence[str]) -> int:
                    help="comma-separated rules (postln, preln, deepnorm, magneto) or presets (foundation_ln, "
                         "upscale_ln) (default preln,magneto)")
     p.add_argument("--seeds", default="1", help="a count (from the config's seed) or a comma-separated list (default 1)")
-    p.add_argument("--lrs", default=None, help="comma-separated peak learning rates (default: the config's optim.lr)")
+    p.add_argument("--lrs", default=None, help="comma-separated peak learning rates (default: the config's optim.lr under each norm)")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/compare-<config name>)")
     common_flags(p)
     args = p.parse_intermixed_args(argv)
@@ -287,8 +305,8 @@ def main(argv: Sequence[str]) -> int:
         check_overrides(args.overrides, OWNED)
         plain = [o for o in args.overrides if "{norm}" not in o and "{seed}" not in o]
         seeds = parse_seeds(args.seeds, load_config(args.config, plain, check_data=False)[0].seed)
-        base, _ = load_config(args.config, per_run(args.overrides, norms[0], seeds[0]))  # a bad path or override fails here, named
-        lrs = parse_floats(args.lrs) if args.lrs is not None else [base.optim.lr]
+        load_config(args.config, per_run(args.overrides, norms[0], seeds[0]))  # a bad path or override fails here, named
+        lrs = parse_floats(args.lrs) if args.lrs is not None else config_lrs(args.config, args.overrides, norms, seeds[0])
         rules = rules_from_args(args)
     except (ValueError, ConfigError) as e:
         print(f"foundation compare: error: {e}", file=sys.stderr)
@@ -311,10 +329,13 @@ def exclusive(out: Path, prog: str, study: Callable[[], int]) -> int:
         return EXIT_CODES["locked"]
 
 
-def compare(config: Path, out: Path, norms: Sequence[str], seeds: Sequence[int], lrs: Sequence[float],
+def compare(config: Path, out: Path, norms: Sequence[str], seeds: Sequence[int], lrs: Sequence[float] | Mapping[str, float],
             overrides: Sequence[str] = (), *, command: str = "", in_process: bool = False, overwrite: bool = False,
             rules: Rules = Rules(), say: Callable[[str], None] = print) -> int:
     specs = grid(norms, seeds, lrs)
+    lr_text = (f"the config's lr per norm: {', '.join(f'{n} {fmt_lr(lr)}' for n, lr in lrs.items())}"
+               if isinstance(lrs, Mapping) else f"{len(lrs)} lrs")
+    lrs = lr_values(lrs)
     runner = Runner(config, out, overrides, in_process=in_process, overwrite=overwrite, rules=rules, say=say)
     try:
         primary, higher = runner.check(specs)
@@ -322,7 +343,7 @@ def compare(config: Path, out: Path, norms: Sequence[str], seeds: Sequence[int],
         print(f"foundation compare: error: {e}", file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    say(f"{len(specs)} runs ({len(norms)} norms x {len(lrs)} lrs x {len(seeds)} seeds) -> {out}/runs")
+    say(f"{len(specs)} runs ({len(norms)} norms x {lr_text} x {len(seeds)} seeds) -> {out}/runs")
     outcomes = runner.run(specs)
     if outcomes is None:
         return 130
