@@ -4,6 +4,7 @@ cries wolf, on the runs of a stability study that measured the model update.
     foundation compare stability --tasks seq2seq,classification guard.mode=warn guard.every=2 --out runs/guard
     foundation compare guard runs/guard                    # the guard's defaults, replayed on every run
     foundation compare guard runs/guard --search           # + every (factor, window, warmup) of a grid
+    foundation compare guard runs/guard --search --signal grad_norm   # the same rule on another logged series
 
 The guard's rule (``foundation.engine.guard.Guard``: the update per unit of learning rate against
 ``factor`` x the median of the last ``window`` healthy measurements, after ``warmup`` of them)
@@ -34,8 +35,12 @@ from typing import Optional, Sequence
 from foundation.engine.config import GuardConfig
 from foundation.engine.guard import Guard
 from studies.runs import read_records, train_losses
-from studies.verdict import loss_spike
+from studies.verdict import loss_spike, phase_starts
 
+# the series the rule can be replayed on (--signal): the guard's own, the largest per-block weight update
+# (both per unit of the peak lr, as the guard judges them), the gradient norm and the loss (as logged),
+# each at the steps the guard measured
+SIGNALS = {"update/output": True, "update/weights_max": True, "grad_norm": False, "loss": False}
 LEAD_BAR, WARNED_BAR, FALSE_ALARM_BAR = 20, 0.8, 0.05  # issue bars: >= 20 steps ahead in >= 80 %, <= 5 % false
 FACTORS, WINDOWS, WARMUPS, EVERY = (2.0, 3.0, 4.0, 6.0, 8.0), (10, 20, 40), (3, 5, 10), (2, 5, 10)
 
@@ -67,10 +72,12 @@ class RunSeries:
     run_dir: str
 
 
-def measured(run_dir: str | Path) -> tuple[list[int], list[float], list[float]]:
-    """(steps, update/output, lr) of the run's guard measurements, in step order."""
-    rows = sorted({int(r["step"]): (float(r["update/output"]), float(r.get("lr", 0.0)))
-                   for r in read_records(run_dir) if "update/output" in r and "event" not in r}.items())
+def measured(run_dir: str | Path, signal: str = "update/output") -> tuple[list[int], list[float], list[float]]:
+    """(steps, signal, lr) at the run's guard measurements, in step order; lr 0 for a signal judged
+    as logged (``Guard`` then takes the value itself)."""
+    per_lr = SIGNALS[signal]
+    rows = sorted({int(r["step"]): (float(r[signal]), float(r.get("lr", 0.0)) if per_lr else 0.0)
+                   for r in read_records(run_dir) if "update/output" in r and signal in r and "event" not in r}.items())
     return [s for s, _ in rows], [u for _, (u, _) in rows], [lr for _, (_, lr) in rows]
 
 
@@ -82,7 +89,7 @@ def onset(run_dir: str | Path, fallback: Optional[int], explode_factor: float = 
     records = read_records(run_dir)
     bad = [int(r["step"]) for r in records if r.get("event") == "nonfinite" or r.get("skipped")]
     steps, losses = train_losses(records)
-    spike = loss_spike(steps, losses, explode_factor)
+    spike = loss_spike(steps, losses, explode_factor, phase_starts(records))
     spike = spike[0] if spike else None
     found = [s for s in (min(bad, default=None), spike) if s is not None]
     return min(found) if found else fallback
@@ -99,8 +106,9 @@ def first_firing(run: RunSeries, setting: Setting) -> Optional[int]:
     return None
 
 
-def load_study(out: Path) -> list[RunSeries]:
-    """Every run of the stability study at ``out`` (its results.json) that measured updates."""
+def load_study(out: Path, signal: str = "update/output") -> list[RunSeries]:
+    """Every run of the stability study at ``out`` (its results.json) that measured updates, with
+    its ``signal`` series."""
     path = out / "results.json"
     if not path.is_file():
         raise SystemExit(f"foundation compare guard: {path} not found (run foundation compare stability "
@@ -112,7 +120,7 @@ def load_study(out: Path) -> list[RunSeries]:
             task_of[(s["norm"], s["lr"])] = t["task"]
     runs = []
     for o in data.get("runs", []):
-        steps, updates, lrs = measured(o["run_dir"])
+        steps, updates, lrs = measured(o["run_dir"], signal)
         if not steps:
             continue
         task = Path(o["run_dir"]).parents[2].name  # OUT/<task>/<depth>L/runs/<name>
@@ -178,7 +186,7 @@ def search(runs: Sequence[RunSeries]) -> list[tuple[Setting, dict]]:
                                          x[1]["false_alarm_share"] or 0, x[0].every, x[0].warmup))
 
 
-def plot(runs: Sequence[RunSeries], setting: Setting, path: Path) -> Optional[Path]:
+def plot(runs: Sequence[RunSeries], setting: Setting, path: Path, signal: str = "update/output") -> Optional[Path]:
     """Per task: update per unit lr against step, a diverging and a converging run, firings marked."""
     from studies.plots import pyplot
 
@@ -207,7 +215,7 @@ def plot(runs: Sequence[RunSeries], setting: Setting, path: Path) -> Optional[Pa
             if run.verdict == "diverged":
                 ax.axvline(run.diverged_step, color=colour, linestyle="--", alpha=0.5)
         ax.set_yscale("log")
-        ax.set(title=task, xlabel="step", ylabel="update / lr")
+        ax.set(title=task, xlabel="step", ylabel=f"{signal} / lr" if SIGNALS[signal] else signal)
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -226,17 +234,22 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--every", type=int, default=d.every)
     p.add_argument("--search", action="store_true", help="also score every setting of a grid of the four")
+    p.add_argument("--signal", choices=list(SIGNALS), default="update/output",
+                   help="the logged series the rule judges (default the guard's, update/output); another writes "
+                        "OUT/guard-<signal>.md, .json, .png")
     a = p.parse_args(argv)
     if min(a.window, a.every) < 1 or a.warmup < 0 or a.factor <= 1:
         print("foundation compare guard: error: --window and --every must be >= 1, --warmup >= 0, --factor > 1",
               file=sys.stderr)
         return 2
-    runs = load_study(a.out)
+    runs = load_study(a.out, a.signal)
+    stem = "guard" if a.signal == "update/output" else "guard-" + a.signal.replace("/", "_")
     setting = Setting(a.factor, a.window, a.warmup, a.every)
     coarsest = max(min(b - a_ for a_, b in zip(r.steps, r.steps[1:])) if len(r.steps) > 1 else 1 for r in runs)
     parts = ["# The stability guard on the stability study's runs", "",
              f"`foundation compare guard {' '.join(argv)}`: {len(runs)} runs that logged the model update "
-             f"(measured every {coarsest} steps or closer). Diverged / converged: the stability study's verdict. "
+             f"(measured every {coarsest} steps or closer); the rule judges `{a.signal}`"
+             f"{' per unit of the peak lr' if SIGNALS[a.signal] else ''}. Diverged / converged: the stability study's verdict. "
              f"Bars: warned at least {LEAD_BAR} steps ahead in at least {100 * WARNED_BAR:.0f} % of the diverged runs; "
              f"false alarms in at most {100 * FALSE_ALARM_BAR:.0f} % of the converged runs.", "",
              f"## The setting asked for ({setting.text()})", "", *table(runs, setting), ""]
@@ -251,10 +264,10 @@ def main(argv: Sequence[str]) -> int:
         result["search"] = [{"setting": s.__dict__, "score": sc} for s, sc in ranked]
         best = ranked[0][0]
         parts += ["", f"### The best setting ({best.text()}), per task and rule", "", *table(runs, best), ""]
-    if plot(runs, setting, a.out / "guard.png"):
-        parts += ["![update per unit lr, a diverging and a converging run per task](guard.png)", ""]
-    (a.out / "guard.md").write_text("\n".join(parts))
-    (a.out / "guard.json").write_text(json.dumps(result, indent=1))
+    if plot(runs, setting, a.out / f"{stem}.png", a.signal):
+        parts += [f"![{a.signal}, a diverging and a converging run per task]({stem}.png)", ""]
+    (a.out / f"{stem}.md").write_text("\n".join(parts))
+    (a.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
     print("\n".join(parts))
     return 0
 

@@ -88,10 +88,22 @@ class Outcome:
     run_dir: str = ""
 
 
-def loss_spike(steps: Sequence[int], losses: Sequence[float], explode_factor: float) -> Optional[tuple[int, int, float]]:
+def loss_spike(steps: Sequence[int], losses: Sequence[float], explode_factor: float,
+               phase_starts: Sequence[int] = ()) -> Optional[tuple[int, int, float, float]]:
     """The first window of ``SPIKE_WINDOW`` logged losses whose mean is above ``explode_factor`` x
     the first loss: (the step where the spell above the limit began, the window's length, its
-    mean), or None."""
+    mean, that first loss), or None. A run whose objective changes mid-run (``phase_starts``: the
+    steps where a task's logged ``<task>/phase`` changed, e.g. the transducer loss added after CTC
+    alone) is judged phase by phase, each against its own first loss."""
+    bounds = sorted({0, *(i for i, s in enumerate(steps) for start in phase_starts if s == start)})
+    for lo, hi in zip(bounds, [*bounds[1:], len(losses)]):
+        found = _spike(steps[lo:hi], losses[lo:hi], explode_factor)
+        if found is not None:
+            return found
+    return None
+
+
+def _spike(steps: Sequence[int], losses: Sequence[float], explode_factor: float):
     if not losses:
         return None
     limit = explode_factor * losses[0]
@@ -99,8 +111,23 @@ def loss_spike(steps: Sequence[int], losses: Sequence[float], explode_factor: fl
         window = losses[max(0, i - SPIKE_WINDOW + 1): i + 1]
         if len(window) == min(SPIKE_WINDOW, len(losses)) and sum(window) / len(window) > limit:
             first = next(j for j in range(max(0, i - SPIKE_WINDOW + 1), i + 1) if losses[j] > limit)
-            return steps[first], len(window), sum(window) / len(window)
+            return steps[first], len(window), sum(window) / len(window), losses[0]
     return None
+
+
+def phase_starts(records: Sequence[dict]) -> list[int]:
+    """The steps of logged training records where a task's ``<task>/phase`` differs from its last value."""
+    last: dict[str, float] = {}
+    starts = []
+    for r in records:
+        if "event" in r or "step" not in r:
+            continue
+        for k, v in r.items():
+            if k.endswith("/phase") and not k.startswith("eval/"):
+                if k in last and v != last[k]:
+                    starts.append(int(r["step"]))
+                last[k] = v
+    return starts
 
 
 def judge(spec: RunSpec, run_dir: Path, rules: Rules = Rules(), failure: str = "") -> Outcome:
@@ -135,11 +162,11 @@ def judge(spec: RunSpec, run_dir: Path, rules: Rules = Rules(), failure: str = "
         out.verdict = "failed" if failure else "incomplete"
         out.reason = failure or (f"engine status {engine!r}" if engine else "no status.json: not run to the end")
         return out
-    spike = loss_spike(steps, losses, explode_factor) if explode_factor else None
+    spike = loss_spike(steps, losses, explode_factor, phase_starts(records)) if explode_factor else None
     if spike is not None:
         out.verdict, out.diverged_step = "diverged", spike[0]
         out.reason = (f"loss spike: mean over {spike[1]} steps {spike[2]:.3g} > "
-                      f"{explode_factor:g} x first loss {losses[0]:.3g}")
+                      f"{explode_factor:g} x first loss {spike[3]:.3g}")
         return out
     bad = [k for k, v in metrics.items() if not math.isfinite(v)]
     if bad:

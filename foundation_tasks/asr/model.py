@@ -43,13 +43,13 @@ class TransducerHead(nn.Module):
                  predictor_dropout: float = 0.1, joint_dim: int = 512, joint_sub_batch: int = 0,
                  ctc_weight: float = 0.3, aux_transducer_weight: float = 0.2, aux_layers: Iterable[int] = (),
                  aux_mlp_dim: int = 256, aux_mlp_dropout: float = 0.1, specaug: dict | None = None,
-                 rnnt_start: int = 0):
+                 rnnt_start: int = 0, utterance_mean: bool = False):
         super().__init__()
         from espnet2.asr_transducer.decoder.rnn_decoder import RNNDecoder
         from espnet2.asr_transducer.joint_network import JointNetwork
 
         self.vocab_size = vocab_size  # output units, blank (0) included
-        self.cmvn = GlobalCMVN(num_mel_bins)
+        self.cmvn = GlobalCMVN(num_mel_bins, utterance_mean=utterance_mean)
         self.specaug = _specaug(specaug) if specaug else None
         self.frontend = VGGSubsampling(num_mel_bins, dim, tuple(vgg_channels))
         self.predictor = RNNDecoder(vocab_size, embed_size=predictor_embed_dim, hidden_size=predictor_dim,
@@ -135,6 +135,8 @@ class TransducerHead(nn.Module):
         losses = self.losses(backbone, batch, transducer)
         logs = {k: v.detach() for k, v in losses.items()}
         logs["utts"] = float(batch["targets"].shape[0])  # the engine counts buckets as samples
+        if self.training and self.rnnt_start > 0:  # the loss changes form here: the studies judge each phase apart
+            logs["phase"] = float(transducer)
         return self.weighted(losses), logs
 
 

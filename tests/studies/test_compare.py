@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from foundation.engine import loop
-from studies import compare, depth
+from studies import compare, depth, verdict
 from studies.verdict import Rules, RunSpec, judge
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -153,6 +153,29 @@ def test_spike_rule_can_be_switched_off(tmp_path):
     assert o.verdict == "converged"  # the last 10% (one step, 1.0) is below 0.8 x the first loss
 
 
+def test_a_loss_that_changes_form_mid_run_is_judged_phase_by_phase(tmp_path):
+    """The speech recipe adds the transducer loss to CTC at step 300 (its head logs ``asr/phase``):
+    the jump there is a new objective, not a divergence; a blow-up inside a phase still is."""
+    losses = [20.0, 14.0, 12.0, 12.0, 60.0, 70.0, 55.0, 40.0, 10.0, 6.0, 5.0, 4.0]
+    phases = [0.0] * 4 + [1.0] * 8
+    run = tmp_path / "r"
+    run.mkdir()
+    lines = [{"step": 10 * (i + 1), "time": float(i), "loss": v, "asr/phase": ph}
+             for i, (v, ph) in enumerate(zip(losses, phases))]
+    lines.append({"step": 120, "time": 12.0, "eval/asr/wer": 15.0})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "status.json").write_text(json.dumps({"status": "finished", "step": 120}))
+    assert verdict.phase_starts(lines) == [50]
+    assert judge(RunSpec("r", "magneto", 0, 1e-3), run, Rules(explode_factor=2.0)).verdict == "converged"
+    for r in lines:  # the same losses without the phase marker: a spike against the first loss (20)
+        r.pop("asr/phase", None)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    o = judge(RunSpec("r", "magneto", 0, 1e-3), run, Rules(explode_factor=2.0))
+    assert o.verdict == "diverged" and o.diverged_step == 50
+    # inside the second phase, a blow-up against that phase's first loss (50) is one
+    assert verdict.loss_spike([50, 60, 70, 80, 90, 100, 110], [50.0, 40, 150, 160, 170, 180, 190], 2.0, [50])[:2] == (70, 5)
+
+
 # ---------------------------------------------------------------------------- depth mode
 
 
@@ -238,3 +261,16 @@ def test_norm_and_seed_placeholders_in_overrides():
     runner = Runner(Path("x.yaml"), Path("out"), ["init_from=v/{norm}/{seed}.safetensors"])
     got = [next(o for o in runner.run_overrides(s) if o.startswith("init_from")) for s in grid(["preln", "magneto"], [0, 1], [1e-3])]
     assert got == [f"init_from=v/{n}/{s}.safetensors" for n in ("preln", "magneto") for s in (0, 1)]
+
+
+def test_a_config_with_an_lr_per_norm_runs_each_norm_at_its_own(tmp_path):
+    """Without --lrs every norm runs at the lr the config gives it: the speech recipe's
+    ``${by_norm:{magneto: 8.0e-3, preln: 4.0e-3}}`` is not flattened to one norm's value."""
+    lrs = compare.config_lrs("configs/asr/tiny.yaml", [], ["preln", "magneto"], 0)
+    assert lrs == {"preln": 4.0e-3, "magneto": 8.0e-3}
+    specs = compare.grid(["preln", "magneto"], [0, 1], lrs)
+    assert [(s.name, s.lr) for s in specs] == [("preln_lr0.004_seed0", 4e-3), ("preln_lr0.004_seed1", 4e-3),
+                                               ("magneto_lr0.008_seed0", 8e-3), ("magneto_lr0.008_seed1", 8e-3)]
+    assert "optim.lr=0.008" in specs[-1].overrides and compare.lr_values(lrs) == [4e-3, 8e-3]
+    # a config with one lr: the same value under every norm
+    assert compare.config_lrs("configs/seq2seq/tiny.yaml", [], ["preln", "magneto"], 0) == {"preln": 5e-3, "magneto": 5e-3}

@@ -81,3 +81,22 @@ def test_the_onset_is_where_the_loss_blew_up_not_where_the_run_ended(tmp_path):
     assert guard_eval.onset(run, fallback=100) == 30
     (run / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 2.0}) + "\n")
     assert guard_eval.onset(run, fallback=7) == 7
+
+
+def test_the_rule_replays_on_another_logged_signal(tmp_path):
+    """--signal grad_norm: the same rule on the gradient norm as logged (not per unit lr), at the
+    guard's measured steps; its own report files, the default's left alone."""
+    out = study(tmp_path)
+    for line_file in out.rglob("metrics.jsonl"):  # a gradient norm that jumps 10x at step 70 in every run
+        rows = [json.loads(x) for x in line_file.read_text().splitlines()]
+        for r in rows:
+            r["grad_norm"] = 10.0 if r["step"] >= 70 else 1.0
+        line_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = guard_eval.load_study(out, "grad_norm")
+    assert {tuple(r.lrs) for r in runs} == {(0.0,) * 50} and runs[0].updates[-1] == 10.0
+    s = guard_eval.score(runs, guard_eval.Setting(factor=4.0, window=20, warmup=5, every=2))
+    # the step-90 divergence warned 20 ahead; the step-40 one missed; both converged runs "alarmed" at 70
+    assert (s["warned_early"], s["misses"], s["false_alarms"]) == (1, 1, 2)
+    assert guard_eval.main([str(out), "--signal", "grad_norm"]) == 0
+    assert "judges `grad_norm`" in (out / "guard-grad_norm.md").read_text()
+    assert (out / "guard-grad_norm.png").is_file() and not (out / "guard.md").exists()
