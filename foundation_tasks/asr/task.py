@@ -59,6 +59,9 @@ class ASRConfig(SpeechFields):
     # training utterance, each epoch, resampled to one of these speeds, drawn per item
     # (torchaudio.functional.speed: tempo and pitch move together, as in sox's speed). Empty: off
     speed_perturb: List[float] = field(default_factory=list)
+    # after the global CMVN, take each utterance's own mean off its features (ESPnet's utterance_mvn,
+    # means only): voices whose spectrum is tilted unlike the training voices' (docs/speech.md)
+    utterance_mean: bool = False
     # SpecAugment (Magneto Table 15)
     freq_masks: int = 2
     freq_mask_width: int = 27
@@ -212,6 +215,7 @@ class ASR(SpeechTask):
             joint_sub_batch=c.joint_sub_batch, ctc_weight=c.ctc_weight, aux_transducer_weight=c.aux_transducer_weight,
             aux_layers=c.aux_layers, aux_mlp_dim=c.aux_mlp_dim,
             specaug=specaug if c.freq_masks or c.time_masks else None, rnnt_start=c.rnnt_start,
+            utterance_mean=c.utterance_mean,
         )
         self.load_cmvn(head.cmvn)
         if c.tokenizer_path.is_file():

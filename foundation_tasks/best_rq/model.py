@@ -40,9 +40,9 @@ def stack_frames(x: torch.Tensor, n: int = STACK) -> torch.Tensor:
 class BestRQHead(nn.Module):
     def __init__(self, *, dim: int, num_mel_bins: int = 80, vgg_channels: Sequence[int] = (64, 128),
                  codebook_size: int = 8192, codebook_dim: int = 16, num_codebooks: int = 1, quantizer_seed: int = 0,
-                 mask_noise_std: float = 0.1):
+                 mask_noise_std: float = 0.1, utterance_mean: bool = False):
         super().__init__()
-        self.cmvn = GlobalCMVN(num_mel_bins)
+        self.cmvn = GlobalCMVN(num_mel_bins, utterance_mean=utterance_mean)
         self.frontend = VGGSubsampling(num_mel_bins, dim, tuple(vgg_channels))
         self.quantizer = RandomProjectionQuantizer(STACK * num_mel_bins, codebook_dim, codebook_size, num_codebooks,
                                                    quantizer_seed)

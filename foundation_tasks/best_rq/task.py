@@ -48,6 +48,7 @@ class BestRQConfig(SpeechFields):
     prep_dir: Optional[str] = None  # CMVN statistics; default <data_dir>/prep/<train splits> (shared with asr)
     cmvn_max_utterances: int = 10000
     cache_features: bool = False  # keep filterbanks in memory (small corpora)
+    utterance_mean: bool = False  # each utterance's own mean off after the global CMVN (as the asr task's)
     crop_frames: Optional[int] = None  # training: random crops of at most this many 10 ms frames
     max_eval_utterances: Optional[int] = None  # evaluate on this many (evenly spread); null = all
     # model
@@ -103,7 +104,8 @@ class BestRQ(SpeechTask):
         c = self.cfg
         head = BestRQHead(dim=self.backbone_cfg.dim, num_mel_bins=c.num_mel_bins, vgg_channels=c.vgg_channels,
                           codebook_size=c.codebook_size, codebook_dim=c.codebook_dim, num_codebooks=c.num_codebooks,
-                          quantizer_seed=c.quantizer_seed, mask_noise_std=c.mask_noise_std)
+                          quantizer_seed=c.quantizer_seed, mask_noise_std=c.mask_noise_std,
+                          utterance_mean=c.utterance_mean)
         self.load_cmvn(head.cmvn)
         return head
 

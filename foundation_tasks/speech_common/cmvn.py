@@ -15,11 +15,15 @@ def padding_mask(lengths: torch.Tensor, max_len: int) -> torch.Tensor:
 class GlobalCMVN(nn.Module):
     """Global mean / variance normalisation from statistics over the training set, kept
     as buffers so that they travel in the checkpoint. The statistics are ESPnet's
-    ``feats_stats.npz`` (count, sum, sum_square), so either toolkit reads the other's."""
+    ``feats_stats.npz`` (count, sum, sum_square), so either toolkit reads the other's.
 
-    def __init__(self, num_features: int, eps: float = 1e-20):
+    ``utterance_mean``: then each utterance's own mean is taken off (ESPnet's ``UtteranceMVN``
+    with means only): a speaker's or channel's constant spectral tilt - eSpeak's lowest voice -
+    no longer reaches the encoder as if it were content."""
+
+    def __init__(self, num_features: int, eps: float = 1e-20, utterance_mean: bool = False):
         super().__init__()
-        self.eps = eps
+        self.eps, self.utterance_mean = eps, utterance_mean
         self.register_buffer("mean", torch.zeros(num_features))
         self.register_buffer("std", torch.ones(num_features))
         self.register_buffer("frames", torch.zeros((), dtype=torch.long))  # 0 = not set yet
@@ -33,5 +37,10 @@ class GlobalCMVN(nn.Module):
         self.frames.fill_(int(count))
 
     def forward(self, feats: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        x = (feats - self.mean) / self.std
-        return x.masked_fill(padding_mask(lengths, x.shape[1])[..., None], 0.0)
+        pad = padding_mask(lengths, feats.shape[1])[..., None]
+        x = ((feats - self.mean) / self.std).masked_fill(pad, 0.0)
+        if self.utterance_mean:
+            from espnet2.layers.utterance_mvn import utterance_mvn
+
+            x, _ = utterance_mvn(x, lengths, norm_means=True, norm_vars=False)
+        return x.masked_fill(pad, 0.0)  # padding stays 0 (ESPnet leaves minus the mean there)

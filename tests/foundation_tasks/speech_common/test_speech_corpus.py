@@ -47,6 +47,26 @@ def test_features_lengths_cmvn_and_espnet_global_mvn(speech_corpus, tmp_path):
     assert torch.allclose(theirs[0], normed, atol=1e-3)
 
 
+def test_utterance_mean_matches_espnet_and_removes_a_constant_tilt():
+    """utterance_mean: each utterance's own mean off after the global statistics, as ESPnet's
+    UtteranceMVN (means only) on the real frames; padding stays 0; a constant per-bin offset of
+    one utterance (a tilted spectrum) no longer changes what the encoder sees."""
+    from espnet2.layers.utterance_mvn import UtteranceMVN
+
+    torch.manual_seed(0)
+    feats, lens = torch.randn(2, 7, 80) * 3 + 1, torch.tensor([7, 4])
+    cmvn = GlobalCMVN(80, utterance_mean=True)
+    cmvn.set_stats(10.0, np.full(80, 5.0), np.full(80, 12.5))  # mean 0.5, std 1
+    out = cmvn(feats, lens)
+    padding = torch.arange(7)[None, :, None] >= lens[:, None, None]
+    theirs, _ = UtteranceMVN(norm_means=True, norm_vars=False)((feats - 0.5).masked_fill(padding, 0.0), lens)
+    assert torch.allclose(out[0], theirs[0], atol=1e-5) and torch.allclose(out[1, :4], theirs[1, :4], atol=1e-5)
+    assert out[1, 4:].abs().max() == 0  # padding
+    tilt = torch.linspace(-4, 4, 80)
+    assert torch.allclose(cmvn(feats + tilt, lens)[:, :4], out[:, :4], atol=1e-4)
+    assert not torch.allclose(GlobalCMVN(80)(feats + tilt, lens), GlobalCMVN(80)(feats, lens))
+
+
 def test_missing_kaldi_entries_are_named(tmp_path):
     (tmp_path / "wav.scp").write_text("a /nowhere/a.wav\n")
     (tmp_path / "text").write_text("a HELLO\nb WORLD\n")
