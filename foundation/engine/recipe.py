@@ -30,6 +30,7 @@ class Recipe:
     init_from_stage: str = ""  # demo runs start from this stage's run of the same norm and seed (its best model)
     baseline: str = ""  # what the metric is without learning, shown beside it
     prior: str = ""  # a module with ``answer_prior(data_dir) -> fraction``: the baseline computed from the data
+    bar: str = ""  # what every demo run must reach, on the shown scale: ">= 85", "<= 20", ">= prior + 20"
     # `foundation compare stability`: a deep, narrow version of the recipe over a ladder of peak lrs.
     # The study sets the depth and a narrow width (studies.stability.NARROW); these refine it.
     stability_steps: int = 0  # training steps of one run (0: the study's default, studies.stability.STEPS)

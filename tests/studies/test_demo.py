@@ -20,7 +20,8 @@ def test_demo_one_stage_from_nothing(tmp_path, capsys):
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert all(re.fullmatch(r"\d+\.\d", c) for c in cells[1:3]), rows  # a top-1 for Pre-LN and for Magneto
     assert cells[3] == "chance 10.0"  # what a model that learnt nothing scores, beside the numbers
-    assert cells[4] == str(round(demo.stages()[0].steps * 0.02))  # the vision stage's steps x 0.02
+    assert cells[4].startswith(">= 85: ")  # the bar, and whether both runs reached it
+    assert cells[5] == str(round(demo.stages()[0].steps * 0.02))  # the vision stage's steps x 0.02
     # the same command again reuses the data and the finished runs
     rc = demo.main(["--only", "vision", "--steps-scale", "0.02", "--data", str(data), "--out", str(out), "--jobs", "1"])
     assert rc == 0 and "exists, reused" in capsys.readouterr().out
@@ -108,7 +109,62 @@ def test_a_stage_starts_after_the_stage_it_starts_from():
 def test_each_stage_runs_the_slower_norm_first():
     """Two threads take the runs in this order: whichever finished first takes the next stage's
     Magneto run (the longer one), so neither thread collects all the longer runs."""
-    items = [(s.stage_name, n) for s, n in demo.run_order(demo.stages())]
+    items = [(s.stage_name, n) for s, n, _ in demo.run_order(demo.stages())]
     assert [n for _, n in items] == ["magneto", "preln"] * 5
     stages = [name for name, _ in items]
     assert stages[::2] == [s.stage_name for s in demo.start_order(demo.stages())] and stages[::2] == stages[1::2]
+
+
+def test_with_several_seeds_every_seed_runs_each_norm_slower_first():
+    items = [(s.stage_name, n, seed) for s, n, seed in demo.run_order(demo.stages(), [0, 1, 2])]
+    assert len(items) == 5 * 2 * 3 and len(set(items)) == len(items)
+    assert items[:6] == [(items[0][0], n, seed) for seed in (0, 1, 2) for n in ("magneto", "preln")]
+
+
+def outcome(norm, seed, value, metric="eval/classification/top1", verdict="not converged"):
+    from studies.verdict import Outcome
+
+    return Outcome(f"{norm}_seed{seed}", norm, seed, 1e-3, None, verdict,
+                   metrics={} if value is None else {metric: value}, wall_s=10.0)
+
+
+def test_a_row_over_seeds_shows_mean_and_range_and_which_run_missed_its_bar(tmp_path):
+    vision = next(s for s in demo.stages() if s.stage_name == "vision")
+    runs = {("preln", 0): outcome("preln", 0, 0.934), ("preln", 1): outcome("preln", 1, 0.926),
+            ("preln", 2): outcome("preln", 2, 0.942), ("magneto", 0): outcome("magneto", 0, 0.874),
+            ("magneto", 1): outcome("magneto", 1, 0.846), ("magneto", 2): outcome("magneto", 2, 0.90)}
+    row = demo.stage_row(vision, runs, 750)
+    assert row["values"] == {"preln": "93.4 (92.6-94.2)", "magneto": "87.3 (84.6-90.0)"}
+    assert row["seconds"] == 60.0
+    assert demo.bar_cell(vision, tmp_path, runs) == ">= 85: missed by Magneto seed 1: 84.6"
+    runs["magneto", 1] = outcome("magneto", 1, 0.851)
+    assert demo.bar_cell(vision, tmp_path, runs) == ">= 85: met"
+    runs["preln", 2] = outcome("preln", 2, None, verdict="failed")  # a run without an evaluation misses its bar
+    assert demo.bar_cell(vision, tmp_path, runs) == ">= 85: missed by Pre-LN seed 2: -"
+    assert demo.stage_row(vision, runs, 750)["values"]["preln"] == "93.0 (92.6-93.4) (failed)"
+
+
+def test_bars_read_lower_is_better_and_relative_to_the_prior(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    asr = next(s for s in demo.stages() if s.stage_name == "asr")
+    assert demo.bar_threshold(asr, tmp_path) == ("<=", 20.0)
+    runs = {("preln", 0): outcome("preln", 0, 13.0, "eval/asr/wer_test"),
+            ("magneto", 0): outcome("magneto", 0, 21.5, "eval/asr/wer_test")}
+    assert demo.bar_cell(asr, tmp_path, runs) == "<= 20: missed by Magneto seed 0: 21.5"
+    vqa = next(s for s in demo.stages() if s.stage_name == "vqa")
+    monkeypatch.setattr(demo, "prior_value", lambda stage, data: 46.2)
+    assert demo.bar_threshold(vqa, tmp_path) == (">=", 66.2)
+    runs = {("preln", 0): outcome("preln", 0, 0.92, "eval/vqa/vqa_accuracy"),
+            ("magneto", 0): outcome("magneto", 0, 0.66, "eval/vqa/vqa_accuracy")}
+    assert demo.bar_cell(vqa, tmp_path, runs) == ">= 66.2: missed by Magneto seed 0: 66.0"
+    assert demo.bar_threshold(replace(vqa, bar="about 80"), tmp_path) is None
+    assert [s.bar for s in demo.stages()] == [">= 85", ">= 75", "<= 20", ">= prior + 20", ">= 75"]
+
+
+def test_seeds_must_be_integers(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        demo.main(["--seeds", "0,x"])
+    assert "--seeds" in capsys.readouterr().err
