@@ -3,7 +3,7 @@
     foundation demo                         # data/ + runs/demo, ~17 minutes on 2 idle CPU cores
     foundation demo --only vision,vqa       # a subset
     foundation demo --steps-scale 5         # 5x longer runs (closer to the README's tables)
-    foundation demo --seeds 0,1,2           # every run under 3 seeds: mean and range per row, ~45 minutes
+    foundation demo --seeds 0,1,2           # every run under 3 seeds: mean and range per row, ~50 minutes
 
 Stage 1 generates the demo data sets that are missing (``foundation data make``, in their
 real layouts); stage 2 runs ``foundation compare`` on each task's tiny config with short
