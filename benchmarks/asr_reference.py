@@ -102,9 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--frontend", choices=["conv2d", "vgg"], default="conv2d",
                    help="vgg: the recipe's front end (its vgg_channels), for a like-for-like model")
     a = p.parse_args(argv)
-    import jiwer
-
     from foundation.engine.config import load_config
+    from foundation_tasks.asr.metrics import error_counts  # the recipe's WER, so both are scored alike
     from foundation.engine.model import ModelConfig, MultiTaskModel
 
     torch.manual_seed(a.seed)
@@ -152,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         for s, text, ids in zip(b["split"].tolist(), b["texts"], model.greedy(x, b["feat_lens"])):
             refs[task.cfg.eval_splits[s]].append(text)
             hyps[task.cfg.eval_splits[s]].append(task.tokenizer.decode(ids))
-    wers = ", ".join(f"{s} {100 * jiwer.wer(refs[s], hyps[s]):.1f}" for s in refs)
+    counts = {s: error_counts(refs[s], hyps[s]) for s in refs}
+    wers = ", ".join(f"{s} {100 * c['word_errors'] / max(1.0, c['words']):.1f}" for s, c in counts.items())
     print(f"plain PyTorch T-T, {a.steps} steps, lr {a.lr}: greedy WER {wers} (training {train_s:.0f} s)")
     return 0
 
