@@ -9,6 +9,9 @@ RECIPE = Recipe(
     # per utterance. CTC + transducer from the first step: the divergence rule compares the training loss with
     # the first step's, which a transducer loss switched on mid-run (the recipe's rnnt_start) would trip
     stability_steps=120, stability_overrides=("tasks.asr.rnnt_start=0",), stability_metric="loss",
+    # the ladder every rule shares starts at Pre-LN's lr / 3, where it always did (the config's default norm,
+    # Magneto, now trains at 8e-3: the ladder would otherwise move up one rung's worth)
+    stability_lr=4.0e-3 / 3,
     label_field="tasks.asr.train_fraction", label_budgets=("0.1", "all"),
     label_unit="fraction of the transcribed utterances", pretrainings=("best_rq",),
 )
