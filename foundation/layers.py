@@ -240,4 +240,22 @@ def attention_mask(
         add = add + (attn_mask if attn_mask.dim() == 4 else attn_mask.view(-1, 1, T, S))
     if blocked is not None:
         add = add.masked_fill(blocked, float("-inf"))
-    return add.to(dtype), causal
+    return _aligned(add.to(dtype)), causal
+
+
+def _aligned(mask: torch.Tensor) -> torch.Tensor:
+    """The same values with the last dimension's rows starting at multiples of 16 elements:
+    the memory-efficient SDPA kernel wants an aligned bias and otherwise pads it itself, in
+    every layer; the mask is built once per forward and shared by all of them."""
+    S = mask.shape[-1]
+    if S % 16 == 0 or all(st == 0 for st in mask.stride()[:-1]):
+        return mask
+    return F.pad(mask, (0, -S % 16))[..., :S]
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype attention runs in: autocast's when it is on for ``x``'s device (the
+    projections then return it), else ``x``'s. An additive mask in that dtype is one the
+    fused kernels take as it is."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype

@@ -9,7 +9,7 @@ from torch.utils.checkpoint import checkpoint
 
 from foundation.block import Block, init_block
 from foundation.config import BackboneConfig
-from foundation.layers import RelativePositionBias1d, RelativePositionBias2d, attention_mask
+from foundation.layers import RelativePositionBias1d, RelativePositionBias2d, attention_mask, compute_dtype
 from foundation.multiway import Segments, merge_segments, per_expert, route
 from foundation.scaling import NormRule, StackScales, stack_rules
 
@@ -48,7 +48,7 @@ class Stack(nn.Module):
         bias = self.rel_pos(T) if self.rel_pos is not None else None
         mask, is_causal = attention_mask(
             B, T, T, padding_mask=padding_mask, attn_mask=attn_mask, bias=bias,
-            causal=self.causal, dtype=x.dtype, device=x.device,
+            causal=self.causal, dtype=compute_dtype(x), device=x.device,
         )
         memory_mask = None
         if memory is not None and memory_padding_mask is not None:

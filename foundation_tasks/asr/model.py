@@ -85,7 +85,10 @@ class TransducerHead(nn.Module):
     def predict(self, targets: torch.Tensor) -> torch.Tensor:
         """[blank] + targets -> predictor output (B, U + 1, H)."""
         self.predictor.set_device(targets.device)
-        return self.predictor(F.pad(targets, (1, 0), value=BLANK))
+        # outside autocast: under bf16 autocast cuDNN's LSTM is cast to fp16 (no loss scaling
+        # here), and the predictor is small
+        with torch.autocast(targets.device.type, enabled=False):
+            return self.predictor(F.pad(targets, (1, 0), value=BLANK))
 
     def losses(self, backbone: nn.Module, batch: dict, transducer: bool = True) -> dict[str, torch.Tensor]:
         """Per-utterance means of every loss term (before weighting); ``transducer=False``: CTC only."""

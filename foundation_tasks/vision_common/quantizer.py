@@ -32,7 +32,8 @@ def kmeans_cosine(samples: torch.Tensor, k: int, iters: int = 10, generator: tor
             else torch.randint(0, n, (k,), generator=generator))
     means = samples[pick.to(samples.device)].clone()
     for _ in range(iters):
-        assign = (samples @ means.t()).argmax(-1)
+        with torch.autocast(samples.device.type, enabled=False):
+            assign = (samples @ means.t()).argmax(-1)
         sums = torch.zeros_like(means).index_add_(0, assign, samples)
         counts = torch.bincount(assign, minlength=k)
         means = torch.where((counts > 0)[:, None], F.normalize(sums, dim=-1), means)
@@ -61,8 +62,11 @@ class NormEMAQuantizer(nn.Module):
 
     def nearest(self, z: torch.Tensor) -> torch.Tensor:
         """Code ids of unit-norm vectors ``z`` (..., d): the nearest codes (for unit-norm
-        codes, those of highest cosine; the code norms are kept for exactness)."""
-        return (self.codebook.pow(2).sum(-1) - 2 * z @ self.codebook.t()).argmin(-1)
+        codes, those of highest cosine; the code norms are kept for exactness). In fp32 whatever
+        the autocast: bf16 distances tie and flip ~3 % of the ids, so targets would depend on
+        the device."""
+        with torch.autocast(z.device.type, enabled=False):
+            return (self.codebook.pow(2).sum(-1) - 2 * z.float() @ self.codebook.float().t()).argmin(-1)
 
     @torch.no_grad()
     def _ema_update(self, z: torch.Tensor, ids: torch.Tensor) -> None:

@@ -124,6 +124,27 @@ def test_sub_batched_joint_equals_full(sub_batch, frozen_output):
         assert full[3] is None and sub[3] is None
 
 
+def test_a_lattice_over_the_kernel_limit_is_split_into_sub_batches(monkeypatch):
+    """torchaudio's kernel indexes the (B, T, U + 1, V) lattice with int32 (on CUDA, a larger
+    one is an illegal memory access): the whole-batch request is split so that each part
+    stays under the limit, with the same loss; one utterance over it is a clear error."""
+    from foundation_tasks.asr import transducer
+
+    enc, dec, lin_out, targets, enc_lens, tgt_lens = _joint_case()
+    whole = transducer_loss(enc, dec, lin_out, torch.tanh, targets, enc_lens, tgt_lens)
+    per_utterance = enc.shape[1] * dec.shape[1] * lin_out.out_features
+    calls = []
+    real = transducer._chunk_loss
+    monkeypatch.setattr(transducer, "_chunk_loss", lambda *a: calls.append(a[-1]) or real(*a))
+    monkeypatch.setattr(transducer, "MAX_LATTICE", 2 * per_utterance)
+    split = transducer_loss(enc, dec, lin_out, torch.tanh, targets, enc_lens, tgt_lens)
+    assert torch.allclose(split, whole, rtol=1e-5)
+    assert calls and all(s.stop - s.start <= 2 for s in calls)
+    monkeypatch.setattr(transducer, "MAX_LATTICE", per_utterance - 1)
+    with pytest.raises(ValueError, match="over torchaudio's limit"):
+        transducer_loss(enc, dec, lin_out, torch.tanh, targets, enc_lens, tgt_lens)
+
+
 def test_joint_logits_shape_and_no_grad_path():
     enc, dec, lin_out, targets, enc_lens, tgt_lens = _joint_case()
     assert joint_logits(enc, dec, torch.tanh, lin_out.weight, lin_out.bias).shape == (5, 9, 5, 7)
