@@ -67,6 +67,13 @@ def wrap(model: nn.Module, env: Env, strategy: str, find_unused: bool) -> nn.Mod
     if strategy == "ddp":
         ids = [env.device.index] if env.device.type == "cuda" else None
         return nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=find_unused)
+    return shard(model)
+
+
+def shard(model: nn.Module) -> nn.Module:
+    """FSDP2 in place over the current process group: one unit per block of
+    ``model.backbone``'s stacks (each block's parameters gathered only while it runs), then
+    the rest of the model."""
     from torch.distributed.fsdp import fully_shard
 
     for stack in (model.backbone.encoder, model.backbone.decoder):
