@@ -359,6 +359,8 @@ class Trainer:
             "lr": lr, "grad_norm": grad_norm, "samples_per_s": samples / max(elapsed, 1e-9),
             "step_time": elapsed, **logs,
         }
+        if env.device.type == "cuda":  # peak so far, for sizing batches (benchmarks/paper_sizes.py)
+            record["mem_gib"] = torch.cuda.max_memory_allocated(env.device) / 2**30
         if not finite:
             record.update(skipped=True, bad_task=bad[0] if bad else ",".join(ids),
                           bad_what="loss" if bad else "gradients")
