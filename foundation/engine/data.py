@@ -146,10 +146,10 @@ class TaskStream:
     """Endless micro-batches of one task for this rank; ``state_dict`` is its position."""
 
     def __init__(self, dataset: Dataset, collate: Callable, *, batch_size: int, rank: int, world: int,
-                 seed: int, num_workers: int = 0, name: str = "task"):
+                 seed: int, num_workers: int = 0, name: str = "task", pin_memory: bool = False):
         self.dataset, self.collate = dataset, collate
         self.batch_size, self.rank, self.world, self.seed = batch_size, rank, world, seed
-        self.num_workers = num_workers
+        self.num_workers, self.pin_memory = num_workers, pin_memory
         if len(dataset) < batch_size * world:
             raise ConfigError(
                 f"task {name!r}: the training set has {len(dataset)} samples, fewer than one global "
@@ -164,8 +164,9 @@ class TaskStream:
         # a generator of its own: creating the iterator then draws nothing from the global
         # RNG (which would shift dropout after a resume) and seeds workers from (seed, epoch)
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch + 1)
+        # pinned batches: ``to_device(non_blocking=True)`` then overlaps the copy with compute
         return iter(DataLoader(BatchFetch(self.dataset), batch_sampler=sampler, collate_fn=self.collate,
-                               num_workers=self.num_workers, generator=generator))
+                               num_workers=self.num_workers, generator=generator, pin_memory=self.pin_memory))
 
     def __iter__(self) -> "TaskStream":
         return self

@@ -91,6 +91,15 @@ def build_model(cfg: TrainConfig, specs: list[TaskSpec], log=print) -> MultiTask
     return model
 
 
+def grad_total_norm(params, max_norm: float | None) -> torch.Tensor:
+    """The gradients' total L2 norm, clipping them to ``max_norm`` where one is set; without
+    one, the norm alone (clipping to inf would still rescale every gradient by 1.0)."""
+    params = list(params)
+    if max_norm is not None or not hasattr(torch.nn.utils, "get_total_norm"):  # the latter: torch < 2.6
+        return torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+
+
 def nonfinite_tensors(model: torch.nn.Module, env: Env) -> list[str]:
     """Names of the floating-point tensors of ``model`` holding NaN or inf (this rank's
     shards under FSDP); every rank learns whether any rank found one."""
@@ -136,7 +145,8 @@ class Trainer:
         self.streams = {
             s.id: TaskStream(self.model.tasks[s.id].train_dataset(), self.model.tasks[s.id].collate,
                              batch_size=s.batch_size or cfg.train.batch_size, rank=env.rank, world=env.world,
-                             seed=cfg.seed * 1000 + i, num_workers=cfg.train.num_workers, name=s.id)
+                             seed=cfg.seed * 1000 + i, num_workers=cfg.train.num_workers, name=s.id,
+                             pin_memory=env.device.type == "cuda")
             for i, s in enumerate(specs)
         }
         self.step = 0
@@ -323,19 +333,23 @@ class Trainer:
                     scaled = loss.float() * (weight / accum)
                     (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
                 losses[i] += loss.detach().double() / accum
-                for k, v in extra.items():
-                    logs[f"{tid}/{k}"] = logs.get(f"{tid}/{k}", 0.0) + float(v) / accum
+                for k, v in extra.items():  # kept on the device: one host sync a step, below
+                    v = v.detach().double() if torch.is_tensor(v) else float(v)
+                    logs[f"{tid}/{k}"] = logs.get(f"{tid}/{k}", 0.0) + v / accum
                 samples += self.streams[tid].batch_size * env.world
         # every rank takes the same decision: the losses are all-reduced, the grads already are
         distributed.all_reduce(losses, "mean")
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        max_norm = cfg.optim.clip_grad if cfg.optim.clip_grad is not None else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grad_norm = grad_total_norm(self.model.parameters(), cfg.optim.clip_grad)
         if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
             grad_norm = grad_norm.full_tensor()
-        grad_norm = float(grad_norm)
-        loss_values = losses.tolist()
+        # every number this step logs, to the host at once
+        pending = [k for k, v in logs.items() if torch.is_tensor(v)]
+        values = torch.cat([losses, grad_norm.detach().double().view(1).to(losses.device)]
+                           + [logs[k].view(1).to(losses.device) for k in pending]).tolist()
+        loss_values, grad_norm = values[:len(plan)], values[len(plan)]
+        logs.update(zip(pending, values[len(plan) + 1:]))
         bad = [tid for tid, v in zip(ids, loss_values) if not math.isfinite(v)]
         finite = not bad and (math.isfinite(grad_norm) or self.scaler is not None)
         if finite:

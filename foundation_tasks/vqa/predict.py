@@ -47,9 +47,11 @@ class VQAPredictor(VLPredictor):
 
 
 def predict_split(checkpoint: str, split: str, *, task_id: str | None = None, data_dir: str | None = None,
-                  annotation_dir: str | None = None, batch_size: int = 64, limit: int | None = None
-                  ) -> tuple[list[tuple[int, str]], dict | None]:
-    """([(question_id, answer)], official accuracy or None when the split has no annotations)."""
+                  annotation_dir: str | None = None, batch_size: int = 64, limit: int | None = None,
+                  device: str | None = None) -> tuple[list[tuple[int, str]], dict | None]:
+    """([(question_id, answer)], official accuracy or None when the split has no annotations);
+    on ``device`` (default: the GPU when there is one)."""
+    from foundation.engine.data import to_device
     from foundation import checkpoint as ckpt
     from foundation.engine.run_state import model_file
     from foundation.engine.model import MultiTaskModel
@@ -57,7 +59,8 @@ def predict_split(checkpoint: str, split: str, *, task_id: str | None = None, da
     from foundation_tasks.vqa.metrics import evaluate_results
 
     path = model_file(checkpoint)
-    model = ckpt.load(path).eval()
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = ckpt.load(path).eval().to(dev)
     if not isinstance(model, MultiTaskModel):
         raise CheckpointError(f"{path}: not a training run's model (a MultiTaskModel with a vqa task)")
     ids = [tid for tid, task in model.tasks.items() if task.name == "vqa"]
@@ -75,7 +78,7 @@ def predict_split(checkpoint: str, split: str, *, task_id: str | None = None, da
     results = []
     with torch.no_grad():
         for batch in loader:
-            _, answers = task.predict(head, model.backbone, batch)
+            _, answers = task.predict(head, model.backbone, to_device(batch, dev))
             results += list(zip(batch["question_id"].tolist(), answers))
     accuracy = None
     apath = Path(annotations_dir) / ANNOTATIONS.format(split=split)
