@@ -12,7 +12,7 @@ import pytest
 from foundation.cli import main as cli
 from foundation.engine.demo_cli import demo_data_sets
 
-GENERATORS = ["speech", "segmentation", "vision", "vl"]
+GENERATORS = ["speech", "segmentation", "vision", "vl", "vqa-shifted"]
 
 
 def test_every_generator_is_checked():

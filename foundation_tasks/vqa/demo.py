@@ -1,0 +1,232 @@
+"""A second VQA demo set in another style than ``foundation data make vl``, for checking
+that the tiny VQA recipe holds on data it was not tuned on.
+
+    foundation data make vqa-shifted --out data/vqa-shifted            (~10 s)
+
+Everything the recipes were tuned on changes: 1 to 4 objects of four other shapes (star,
+diamond, cross, ring) in six other colours (each object's shade jittered), of different
+sizes in one scene, outlined, on a dark striped gradient instead of a light plain
+background; questions of the same five families (count, colour, shape, existence, spatial)
+in wordings of their own, and no object annotations (the recipe's per-patch object labels
+have nothing to read). Written in the VQA v2 layout: ``DIR/vqa/{train2014,val2014}/COCO_*.jpg``,
+``v2_OpenEnded_mscoco_*_questions.json`` and ``v2_mscoco_*_annotations.json``; half of the
+validation questions use held-out wordings (``question_type`` starting ``held-out:``). A pure
+function of (seed, split, index), like the other demo sets.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from foundation.engine.demo_cli import demo_parser, free_out, timed
+
+DEMO_DATA = {"name": "vqa-shifted", "folder": "vqa-shifted"}  # foundation data make vqa-shifted
+
+COLORS = {"orange": (240, 130, 20), "pink": (245, 120, 190), "cyan": (40, 200, 215),
+          "brown": (130, 80, 40), "white": (235, 235, 235), "lime": (150, 230, 40)}
+SHAPES = ("star", "diamond", "cross", "ring")
+SPLITS = {"train": ("train2014", 1, 0), "val": ("val2014", 1_000_000, 1)}  # COCO split, first image id, seed code
+SUPERSAMPLE = 4
+# (family, training wordings, held-out wordings), none shared with ``foundation data make vl``
+TEMPLATES = {
+    "count": (["Count the {x}.", "What's the total of {x}?", "How many {x} do you count?", "Number of {x}?",
+               "Give the count of {x}.", "Tell me how many {x} there are."],
+              ["What total of {x} do you count?", "Tell me the number of {x}."]),
+    "color": (["Tell me the colour of the {shape}.", "What's the {shape}'s colour?", "Colour of the {shape}?",
+               "Name the colour of the {shape}.", "The {shape} has what colour?"],
+              ["Name the {shape}'s colour.", "What's the colour of the {shape}?"]),
+    "shape": (["Which form has the {color} item?", "Name the form of the {color} item.", "The {color} item is what form?",
+               "Form of the {color} item?", "What's the {color} item's form?"],
+              ["Tell me the form of the {color} item.", "What form has the {color} item?"]),
+    "exist": (["Do you spot a {color} {shape}?", "Any {color} {shape} here?", "Is some {color} {shape} shown?",
+               "Do you spot any {color} {shape}s?", "Is a {color} {shape} shown here?"],
+              ["Any {color} {shape}s shown?", "Is some {color} {shape} here?"]),
+    "spatial": (["Is the {a} on the {side} side of the {b}?", "Does the {a} lie {rel} the {b}?",
+                 "Is the {a} found {rel} the {b}?", "Relative to the {b}, is the {a} {rel} it?"],
+                ["Does the {a} sit {rel} the {b}?", "Is the {a} found on the {side} side of the {b}?"]),
+}
+ANSWER_TYPES = {"count": "number", "color": "other", "shape": "other", "exist": "yes/no", "spatial": "yes/no"}
+RELATIONS = {"left": "left of", "right": "right of", "above": "higher than", "below": "lower than"}
+
+
+@dataclass(frozen=True)
+class Thing:
+    color: str
+    shape: str
+    x: float  # centre in [0, 1] (y grows downwards)
+    y: float
+    r: float  # radius, a fraction of the side
+
+    @property
+    def name(self) -> str:
+        return f"{self.color} {self.shape}"
+
+
+def make_scene(rng: np.random.Generator) -> list[Thing]:
+    n = int(rng.integers(1, 5))
+    while True:  # sizes differ within a scene; start over when placement paints itself into a corner
+        things: list[Thing] = []
+        for _ in range(300):
+            r = float(rng.uniform(0.09, 0.16))
+            x, y = rng.uniform(r, 1 - r, 2)
+            if all(math.hypot(x - t.x, y - t.y) > 1.3 * (r + t.r) for t in things):
+                things.append(Thing(str(rng.choice(list(COLORS))), str(rng.choice(SHAPES)), float(x), float(y), r))
+                if len(things) == n:
+                    return things
+
+
+def _star(cx, cy, r, points=5):
+    return [(cx + (r if i % 2 == 0 else 0.45 * r) * math.sin(math.pi * i / points),
+             cy - (r if i % 2 == 0 else 0.45 * r) * math.cos(math.pi * i / points)) for i in range(2 * points)]
+
+
+def render(things: list[Thing], size: int, rng: np.random.Generator) -> Image.Image:
+    big = size * SUPERSAMPLE
+    base = rng.uniform(20, 90, 3)  # a dark background of random hue, lighter towards one corner
+    ramp = np.linspace(0, 1, big)
+    grad = base[None, None] + 45 * (ramp[:, None, None] * rng.uniform(0.3, 1) + ramp[None, :, None] * rng.uniform(0, 0.7))
+    stripes = 10 * (((np.arange(big)[:, None] + np.arange(big)[None, :]) // (big // 8)) % 2)
+    im = Image.fromarray(np.clip(grad + stripes[..., None], 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(im)
+    for t in things:
+        cx, cy, r = t.x * big, t.y * big, t.r * big
+        fill = tuple(int(np.clip(c + rng.integers(-20, 21), 0, 255)) for c in COLORS[t.color])
+        edge, width = (15, 15, 15), max(1, big // 64)
+        if t.shape == "star":
+            draw.polygon(_star(cx, cy, r), fill=fill, outline=edge, width=width)
+        elif t.shape == "diamond":
+            draw.polygon([(cx, cy - r), (cx + 0.75 * r, cy), (cx, cy + r), (cx - 0.75 * r, cy)], fill=fill,
+                         outline=edge, width=width)
+        elif t.shape == "cross":
+            a = 0.35 * r
+            draw.polygon([(cx - a, cy - r), (cx + a, cy - r), (cx + a, cy - a), (cx + r, cy - a), (cx + r, cy + a),
+                          (cx + a, cy + a), (cx + a, cy + r), (cx - a, cy + r), (cx - a, cy + a), (cx - r, cy + a),
+                          (cx - r, cy - a), (cx - a, cy - a)], fill=fill, outline=edge, width=width)
+        else:
+            draw.ellipse([cx - r, cy - r, cx + r, cy + r], outline=fill, width=int(0.4 * r))
+    im = im.resize((size, size), Image.BOX)
+    noise = rng.normal(0, 8, (size, size, 3))
+    return Image.fromarray(np.clip(np.asarray(im, dtype=np.float64) + noise, 0, 255).astype(np.uint8))
+
+
+def _count(things, color=None, shape=None) -> int:
+    return sum(1 for t in things if color in (None, t.color) and shape in (None, t.shape))
+
+
+def _unique(things, attr: str) -> list[Thing]:
+    c = Counter(getattr(t, attr) for t in things)
+    return [t for t in things if c[getattr(t, attr)] == 1]
+
+
+def question(rng, things: list[Thing], family: str, held_out: bool) -> tuple[str, str] | None:
+    """(question, right answer) of ``family`` about the scene, or None when it has none."""
+    options = TEMPLATES[family][1 if held_out else 0]
+    t = options[int(rng.integers(len(options)))]
+    if family == "count":
+        phrases = {f"{c} items": _count(things, color=c) for c in COLORS}
+        phrases.update({f"{s}s": _count(things, shape=s) for s in SHAPES})
+        phrases.update({f"{c} {s}s": _count(things, c, s) for c in COLORS for s in SHAPES})
+        n = sorted(set(phrases.values()))[int(rng.integers(len(set(phrases.values()))))]  # answers balanced
+        names = sorted(p for p, k in phrases.items() if k == n)
+        return t.format(x=names[int(rng.integers(len(names)))]), str(n)
+    if family in ("color", "shape"):
+        cands = _unique(things, "shape" if family == "color" else "color")
+        if not cands:
+            return None
+        o = cands[int(rng.integers(len(cands)))]
+        return (t.format(shape=o.shape), o.color) if family == "color" else (t.format(color=o.color), o.shape)
+    if family == "exist":
+        if rng.random() < 0.5:
+            o = things[int(rng.integers(len(things)))]
+            return t.format(color=o.color, shape=o.shape), "yes"
+        absent = [(c, s) for c in COLORS for s in SHAPES if not _count(things, c, s)]
+        c, s = absent[int(rng.integers(len(absent)))]
+        return t.format(color=c, shape=s), "no"
+    named = _unique(things, "name")
+    if len(named) < 2:
+        return None
+    i, j = rng.choice(len(named), 2, replace=False)
+    a, b = named[i], named[j]
+    rel = str(rng.choice(["left", "right"] if "{side}" in t else list(RELATIONS)))
+    d = {"left": b.x - a.x, "right": a.x - b.x, "above": b.y - a.y, "below": a.y - b.y}[rel]
+    if abs(d) < max(a.r, b.r):  # too close to say
+        return None
+    return t.format(a=a.name, b=b.name, rel=RELATIONS[rel], side=rel), "yes" if d > 0 else "no"
+
+
+def human_answers(rng, family: str, right: str) -> list[str]:
+    """10 answers, mostly ``right``, otherwise a plausible mistake of the same kind."""
+    wrong = {"count": lambda: str(max(0, int(right) + int(rng.choice([-1, 1])))),
+             "color": lambda: str(rng.choice([c for c in COLORS if c != right])),
+             "shape": lambda: str(rng.choice([s for s in SHAPES if s != right]))}.get(
+        family, lambda: "no" if right == "yes" else "yes")
+    return [right if rng.random() < 0.85 else wrong() for _ in range(10)]
+
+
+def write_split(out: Path, split: str, n_images: int, per_image: int, seed: int, size: int) -> int:
+    import json
+
+    coco_split, first_id, code = SPLITS[split]
+    (out / "vqa" / coco_split).mkdir(parents=True, exist_ok=True)
+    questions, annotations = [], []
+    for k in range(n_images):
+        rng = np.random.default_rng([seed, code, k, 7])
+        things = make_scene(rng)
+        image_id = first_id + k
+        render(things, size, rng).save(out / "vqa" / coco_split / f"COCO_{coco_split}_{image_id:012d}.jpg", quality=95)
+        asked: set[str] = set()
+        for _ in range(50 * per_image):
+            if len(asked) == per_image:
+                break
+            family = str(rng.choice(list(TEMPLATES)))
+            held_out = split == "val" and rng.random() < 0.5
+            qa = question(rng, things, family, held_out)
+            if qa is None or qa[0] in asked:
+                continue
+            q, right = qa
+            qid = image_id * 1000 + len(asked)
+            asked.add(q)
+            answers = human_answers(rng, family, right)
+            questions.append({"image_id": image_id, "question": q, "question_id": qid})
+            annotations.append({
+                "question_type": ("held-out: " if held_out else "") + " ".join(q.lower().rstrip("?.").split()[:3]),
+                "multiple_choice_answer": Counter(answers).most_common(1)[0][0],
+                "answers": [{"answer": a, "answer_confidence": "yes" if a == right else "maybe", "answer_id": i + 1}
+                            for i, a in enumerate(answers)],
+                "image_id": image_id, "answer_type": ANSWER_TYPES[family], "question_id": qid})
+    common = {"info": {"description": "foundation vqa-shifted demo data in the VQA v2 layout", "version": "2.0"},
+              "license": {"name": "generated", "url": ""}, "data_subtype": coco_split}
+    (out / "vqa" / f"v2_OpenEnded_mscoco_{coco_split}_questions.json").write_text(json.dumps(
+        {**common, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions}))
+    (out / "vqa" / f"v2_mscoco_{coco_split}_annotations.json").write_text(json.dumps(
+        {**common, "data_type": "mscoco", "annotations": annotations}))
+    return len(questions)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = demo_parser("vqa-shifted", __doc__.split("\n\n")[0], out_help="output directory (vqa/)")
+    p.add_argument("--image-size", type=int, default=48, help="the tiny VQA recipe's input size")
+    p.add_argument("--train-images", type=int, default=2000)
+    p.add_argument("--val-images", type=int, default=300)
+    p.add_argument("--questions-per-image", type=int, default=5)
+    a = p.parse_args(argv)
+    if a.image_size < 16:
+        p.error("--image-size must be >= 16")
+    if not free_out("vqa-shifted", a.out, a.force):
+        return 2
+    counts, seconds = timed("vqa-shifted", lambda: {
+        split: write_split(a.out, split, n, a.questions_per_image, a.seed, a.image_size)
+        for split, n in (("train", a.train_images), ("val", a.val_images))})
+    print(f"wrote {a.out} in {seconds:.1f} s: {counts['train']} train and {counts['val']} val questions")
+    print(f"  {a.out}/vqa   VQA v2 layout, no object annotations -> configs/vl/tiny_vqa.yaml "
+          f"tasks.vqa.data_dir={a.out}/vqa tasks.vqa.object_annotations=null")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""``foundation data make vqa-shifted``: the second VQA demo set, in the VQA v2 layout our
+reader takes, sharing no colour, shape or question wording with the ``vl`` demo set the
+recipes were tuned on, without object annotations, and the same files for the same seed."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from foundation_tasks.vl_common import demo as home
+from foundation_tasks.vqa import demo as shifted
+from foundation_tasks.vqa.data import read_split
+
+
+def make(out: Path, seed: int = 0) -> Path:
+    assert shifted.main(["--out", str(out), "--seed", str(seed), "--train-images", "30", "--val-images", "12"]) == 0
+    return out / "vqa"
+
+
+def digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        if f.is_file():
+            h.update(f.relative_to(root).as_posix().encode() + f.read_bytes())
+    return h.hexdigest()
+
+
+def test_official_layout_read_by_our_reader(tmp_path):
+    vqa = make(tmp_path / "a")
+    for split, coco in (("train", "train2014"), ("val", "val2014")):
+        questions = read_split(vqa, vqa, coco)
+        assert len(questions) >= 4 * {"train": 30, "val": 12}[split]
+        images = list((vqa / coco).glob(f"COCO_{coco}_*.jpg"))
+        assert len(images) == {"train": 30, "val": 12}[split]
+    assert not (tmp_path / "a" / "coco").exists()  # no object annotations for the recipe to lean on
+
+
+def test_nothing_shared_with_the_home_set(tmp_path):
+    vqa = make(tmp_path / "a")
+    assert not set(shifted.COLORS) & set(home.COLORS) and not set(shifted.SHAPES) & set(home.SHAPES)
+    texts = [q["question"] for split in ("train2014", "val2014")
+             for q in json.loads((vqa / f"v2_OpenEnded_mscoco_{split}_questions.json").read_text())["questions"]]
+    words = {w.strip("?.,'s") for t in texts for w in t.lower().split()}
+    assert not words & (set(home.COLORS) | set(home.SHAPES) | {s + "s" for s in home.SHAPES})
+    templates = lambda table: {t for groups in table.values() for group in groups for t in group}  # noqa: E731
+    assert not templates(shifted.TEMPLATES) & templates(home.QUESTION_TEMPLATES)
+    home_words = {w for table in home.QUESTION_TEMPLATES.values() for group in table for t in group
+                  for w in t.lower().replace("?", "").split()}
+    assert {"colour", "form", "spot", "total"} - home_words == {"colour", "form", "spot", "total"}
+
+
+def test_held_out_wordings_only_in_validation(tmp_path):
+    vqa = make(tmp_path / "a")
+    held = {t for table in shifted.TEMPLATES.values() for t in table[1]}
+    pattern = [t.split("{")[0] for t in held]
+    train = json.loads((vqa / "v2_mscoco_train2014_annotations.json").read_text())["annotations"]
+    val = json.loads((vqa / "v2_mscoco_val2014_annotations.json").read_text())["annotations"]
+    assert not [a for a in train if a["question_type"].startswith("held-out")]
+    assert 0.2 < sum(a["question_type"].startswith("held-out") for a in val) / len(val) < 0.8
+    assert pattern  # the held-out templates exist for every family
+    assert {a["answer_type"] for a in train} == {"number", "other", "yes/no"}
+
+
+def test_same_seed_same_files(tmp_path):
+    assert digest(make(tmp_path / "a")) == digest(make(tmp_path / "b"))
+    assert digest(make(tmp_path / "c", seed=1)) != digest(tmp_path / "a" / "vqa")
+
+
+def test_refuses_a_full_folder(tmp_path, capsys):
+    make(tmp_path / "a")
+    assert shifted.main(["--out", str(tmp_path / "a")]) == 2
+    assert "--force" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        shifted.main(["--out", str(tmp_path / "z"), "--image-size", "8"])
