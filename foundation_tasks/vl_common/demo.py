@@ -192,24 +192,37 @@ def vqa_split(out: Path, split: str, coco_split: str, n_images: int, per_image: 
                 continue
             q, right = qa
             asked.add(q)
-            qid = image_id * 1000 + made
-            answers = human_answers(rng, family, right)
-            questions.append({"image_id": image_id, "question": q, "question_id": qid})
-            annotations.append({
-                "question_type": ("held-out: " if held_out else "") + " ".join(q.lower().rstrip("?").split()[:3]),
-                "multiple_choice_answer": Counter(answers).most_common(1)[0][0],
-                "answers": [{"answer": a, "answer_confidence": "yes" if a == right else "maybe", "answer_id": i + 1}
-                            for i, a in enumerate(answers)],
-                "image_id": image_id, "answer_type": ANSWER_TYPES[family], "question_id": qid,
-            })
+            entry = vqa_entry(image_id, image_id * 1000 + made, q, right, human_answers(rng, family, right),
+                              ANSWER_TYPES[family], held_out)
+            questions.append(entry[0])
+            annotations.append(entry[1])
             made += 1
-    common = {"info": {"description": "foundation demo data in the VQA v2 layout", "version": "2.0"},
-              "license": {"name": "generated", "url": ""}, "data_subtype": coco_split}
-    _write_json(out / "vqa" / f"v2_OpenEnded_mscoco_{coco_split}_questions.json",
-                {**common, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions})
-    _write_json(out / "vqa" / f"v2_mscoco_{coco_split}_annotations.json",
-                {**common, "data_type": "mscoco", "annotations": annotations})
+    write_vqa_files(out / "vqa", coco_split, questions, annotations, "foundation demo data in the VQA v2 layout")
     return annotations, scenes
+
+
+def vqa_entry(image_id: int, qid: int, q: str, right: str, answers: list[str], answer_type: str,
+              held_out: bool) -> tuple[dict, dict]:
+    """A question and its annotation as VQA v2's files hold them; ``question_type`` is the
+    first three words, prefixed ``held-out:`` for a held-out wording."""
+    return {"image_id": image_id, "question": q, "question_id": qid}, {
+        "question_type": ("held-out: " if held_out else "") + " ".join(q.lower().rstrip("?.").split()[:3]),
+        "multiple_choice_answer": Counter(answers).most_common(1)[0][0],
+        "answers": [{"answer": a, "answer_confidence": "yes" if a == right else "maybe", "answer_id": i + 1}
+                    for i, a in enumerate(answers)],
+        "image_id": image_id, "answer_type": answer_type, "question_id": qid,
+    }
+
+
+def write_vqa_files(vqa: Path, coco_split: str, questions: list[dict], annotations: list[dict],
+                    description: str) -> None:
+    """VQA v2's questions and annotations files of one split."""
+    common = {"info": {"description": description, "version": "2.0"},
+              "license": {"name": "generated", "url": ""}, "data_subtype": coco_split}
+    _write_json(vqa / f"v2_OpenEnded_mscoco_{coco_split}_questions.json",
+                {**common, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions})
+    _write_json(vqa / f"v2_mscoco_{coco_split}_annotations.json",
+                {**common, "data_type": "mscoco", "annotations": annotations})
 
 
 # --------------------------------------------------------------------------- captions and text

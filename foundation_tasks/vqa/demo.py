@@ -16,7 +16,6 @@ function of (seed, split, index), like the other demo sets.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from foundation.engine.demo_cli import demo_parser, free_out, timed
+from foundation_tasks.vl_common.demo import vqa_entry, write_vqa_files
+from foundation_tasks.vl_common.scenes import count, unique_by  # any objects with .color / .shape / .name
 
 DEMO_DATA = {"name": "vqa-shifted", "folder": "vqa-shifted"}  # foundation data make vqa-shifted
 
@@ -114,40 +115,30 @@ def render(things: list[Thing], size: int, rng: np.random.Generator) -> Image.Im
     return Image.fromarray(np.clip(np.asarray(im, dtype=np.float64) + noise, 0, 255).astype(np.uint8))
 
 
-def _count(things, color=None, shape=None) -> int:
-    return sum(1 for t in things if color in (None, t.color) and shape in (None, t.shape))
-
-
-def _unique(things, attr: str) -> list[Thing]:
-    c = Counter(getattr(t, attr) for t in things)
-    return [t for t in things if c[getattr(t, attr)] == 1]
-
-
 def question(rng, things: list[Thing], family: str, held_out: bool) -> tuple[str, str] | None:
     """(question, right answer) of ``family`` about the scene, or None when it has none."""
     options = TEMPLATES[family][1 if held_out else 0]
     t = options[int(rng.integers(len(options)))]
     if family == "count":
-        phrases = {f"{c} items": _count(things, color=c) for c in COLORS}
-        phrases.update({f"{s}s": _count(things, shape=s) for s in SHAPES})
-        phrases.update({f"{c} {s}s": _count(things, c, s) for c in COLORS for s in SHAPES})
+        phrases = {f"{c} items": count(things, color=c) for c in COLORS}
+        phrases.update({f"{s}s": count(things, shape=s) for s in SHAPES})
+        phrases.update({f"{c} {s}s": count(things, c, s) for c in COLORS for s in SHAPES})
         n = sorted(set(phrases.values()))[int(rng.integers(len(set(phrases.values()))))]  # answers balanced
         names = sorted(p for p, k in phrases.items() if k == n)
         return t.format(x=names[int(rng.integers(len(names)))]), str(n)
     if family in ("color", "shape"):
-        cands = _unique(things, "shape" if family == "color" else "color")
+        cands = unique_by(things, "shape" if family == "color" else "color")
         if not cands:
             return None
         o = cands[int(rng.integers(len(cands)))]
         return (t.format(shape=o.shape), o.color) if family == "color" else (t.format(color=o.color), o.shape)
-    if family == "exist":
-        if rng.random() < 0.5:
-            o = things[int(rng.integers(len(things)))]
-            return t.format(color=o.color, shape=o.shape), "yes"
-        absent = [(c, s) for c in COLORS for s in SHAPES if not _count(things, c, s)]
-        c, s = absent[int(rng.integers(len(absent)))]
-        return t.format(color=c, shape=s), "no"
-    named = _unique(things, "name")
+    if family == "exist":  # half about an object in the scene, half about a kind it lacks
+        present = bool(rng.random() < 0.5)
+        pool = ([(o.color, o.shape) for o in things] if present
+                else [(c, s) for c in COLORS for s in SHAPES if not count(things, c, s)])
+        c, s = pool[int(rng.integers(len(pool)))]
+        return t.format(color=c, shape=s), "yes" if present else "no"
+    named = unique_by(things, "name")
     if len(named) < 2:
         return None
     i, j = rng.choice(len(named), 2, replace=False)
@@ -169,8 +160,6 @@ def human_answers(rng, family: str, right: str) -> list[str]:
 
 
 def write_split(out: Path, split: str, n_images: int, per_image: int, seed: int, size: int) -> int:
-    import json
-
     coco_split, first_id, code = SPLITS[split]
     (out / "vqa" / coco_split).mkdir(parents=True, exist_ok=True)
     questions, annotations = [], []
@@ -189,22 +178,13 @@ def write_split(out: Path, split: str, n_images: int, per_image: int, seed: int,
             if qa is None or qa[0] in asked:
                 continue
             q, right = qa
-            qid = image_id * 1000 + len(asked)
+            entry = vqa_entry(image_id, image_id * 1000 + len(asked), q, right, human_answers(rng, family, right),
+                              ANSWER_TYPES[family], held_out)
             asked.add(q)
-            answers = human_answers(rng, family, right)
-            questions.append({"image_id": image_id, "question": q, "question_id": qid})
-            annotations.append({
-                "question_type": ("held-out: " if held_out else "") + " ".join(q.lower().rstrip("?.").split()[:3]),
-                "multiple_choice_answer": Counter(answers).most_common(1)[0][0],
-                "answers": [{"answer": a, "answer_confidence": "yes" if a == right else "maybe", "answer_id": i + 1}
-                            for i, a in enumerate(answers)],
-                "image_id": image_id, "answer_type": ANSWER_TYPES[family], "question_id": qid})
-    common = {"info": {"description": "foundation vqa-shifted demo data in the VQA v2 layout", "version": "2.0"},
-              "license": {"name": "generated", "url": ""}, "data_subtype": coco_split}
-    (out / "vqa" / f"v2_OpenEnded_mscoco_{coco_split}_questions.json").write_text(json.dumps(
-        {**common, "task_type": "Open-Ended", "data_type": "mscoco", "questions": questions}))
-    (out / "vqa" / f"v2_mscoco_{coco_split}_annotations.json").write_text(json.dumps(
-        {**common, "data_type": "mscoco", "annotations": annotations}))
+            questions.append(entry[0])
+            annotations.append(entry[1])
+    write_vqa_files(out / "vqa", coco_split, questions, annotations,
+                    "foundation vqa-shifted demo data in the VQA v2 layout")
     return len(questions)
 
 
