@@ -91,6 +91,9 @@ class LoopConfig:
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 on CPU) | fp32 | bf16 | fp16
     strategy: str = "ddp"  # under torchrun: ddp | fsdp (FSDP2 fully_shard per block)
     compile: bool = False  # torch.compile the model
+    # deterministic kernels (torch.use_deterministic_algorithms, warn-only): on CUDA the same
+    # run twice, or stopped and resumed, gives bit-identical losses and weights; a little slower
+    deterministic: bool = False
     ema: Optional[float] = None  # EMA decay of the weights, e.g. 0.9999
     max_nonfinite: int = 10  # stop after this many non-finite steps in a row
     num_workers: int = 0  # DataLoader workers per process

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import random
 import shutil
 import time
@@ -565,6 +566,26 @@ class Trainer:
         return self._result("diverged", message)
 
 
+@contextlib.contextmanager
+def deterministic(on: bool):
+    """``train.deterministic``: deterministic kernels for the run (a kernel without a
+    deterministic version warns and runs), the previous setting back afterwards. cuBLAS needs
+    its workspace setting before its first use in the process; set here unless given."""
+    if not on:
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark = before[2]
+
+
 def train(cfg: TrainConfig, specs: list[TaskSpec] | None = None) -> RunResult:
     """Run (or resume) the training that ``cfg`` describes, in this process group. The run
     directory is locked throughout; a failure once it is this run's is recorded there
@@ -575,7 +596,7 @@ def train(cfg: TrainConfig, specs: list[TaskSpec] | None = None) -> RunResult:
         check_init_from(cfg.backbone, cfg.init_from)
     env = distributed.setup(cfg.device)
     try:
-        with RunDir(cfg.run_dir, env) as run_dir:
+        with RunDir(cfg.run_dir, env) as run_dir, deterministic(cfg.train.deterministic):
             trainer = None
             try:
                 trainer = Trainer(cfg, specs, env, run_dir)

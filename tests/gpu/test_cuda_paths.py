@@ -288,17 +288,15 @@ def test_ddp_and_fsdp2_on_one_gpu_train_like_the_plain_model(one_rank_nccl, stra
 
 def test_resume_on_the_gpu_is_bit_exact(tmp_path):
     """8 steps straight == 4, stop, resume, 4 (dropout on, bf16 autocast): identical losses
-    and weights. Under ``torch.use_deterministic_algorithms`` the kernels themselves repeat
-    bit for bit; the resume adds nothing to that."""
+    and weights. With ``train.deterministic`` the kernels themselves repeat bit for bit; the
+    resume adds nothing to that."""
     from safetensors.torch import load_file
 
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
-        straight = run_config(tiny_run(tmp_path), "run_name=straight", "save.every=4")
-        first = run_config(tiny_run(tmp_path), "run_name=split", "save.every=4", "train.stop_at=4")
-        second = run_config(tiny_run(tmp_path), "run_name=split", "save.every=4", "resume=true")
-    finally:
-        torch.use_deterministic_algorithms(False)
+    cfg = tiny_run(tmp_path, deterministic=True)
+    straight = run_config(cfg, "run_name=straight", "save.every=4")
+    first = run_config(cfg, "run_name=split", "save.every=4", "train.stop_at=4")
+    second = run_config(cfg, "run_name=split", "save.every=4", "resume=true")
+    assert not torch.are_deterministic_algorithms_enabled()  # the setting was the run's only
     assert first.status == "stopped" and straight.status == second.status == "finished"
     a, b = losses(tmp_path / "straight"), losses(tmp_path / "split")
     assert a == b and len(a) == 8

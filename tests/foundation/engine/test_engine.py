@@ -93,6 +93,20 @@ def test_resume_is_exact(tmp_path):
     assert any(r.get("event") == "resume" and r["step"] == 6 for r in records(tmp_path / "split"))
 
 
+def test_deterministic_kernels_for_the_run_only(tmp_path, monkeypatch):
+    """``train.deterministic``: the run trains under ``torch.use_deterministic_algorithms``
+    (warn-only), the same numbers as without on CPU, and the setting is put back after."""
+    calls = []
+    real = torch.use_deterministic_algorithms
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda on, **kw: calls.append(on) or real(on, **kw))
+    cfg = tiny_config(tmp_path, train={"steps": 4})
+    plain = run(cfg, "run_name=plain")
+    det = run(cfg, "run_name=det", "train.deterministic=true")
+    assert calls == [True, False] and not torch.are_deterministic_algorithms_enabled()
+    assert det.status == plain.status == "finished"
+    assert train_losses(tmp_path / "det") == train_losses(tmp_path / "plain")
+
+
 def test_refuses_to_overwrite_a_run(tmp_path):
     cfg = tiny_config(tmp_path, train={"steps": 2})
     run(cfg)
