@@ -91,22 +91,24 @@ if [ "$TINY" = 1 ]; then
     PAPER=(--tiny)
     PROFILE=(--tiny)
     COMPILED_MODELS=("ours magneto")
+    COMPILE=(--compile --compile-backend eager)  # graph capture only: the smoke test stays quick
 else
     [ "$DEVICE" = cuda ] && BENCH+=(--dtype bf16)
     VITB=(--dim 768 --depth 12 --heads 12 --tokens 197 --batch 64 --reps 10 --steps 3 --warmup 3)
     SPEECH=(--dim 512 --depth 18 --heads 8 --tokens 500 --batch 32 --reps 10 --steps 3 --warmup 3)
     RNNT=(--batch 32 --frames 400 --units 80 --vocab 5001 --joint-dim 512 --sub-batch 4 8)
     COMPILED_MODELS=("ours magneto" "timm Sub-LN" "ours preln" "timm Pre-LN")
+    COMPILE=(--compile)
     PAPER=(--workers 8)
     PROFILE=()
 fi
 [ -n "$ONLY" ] && PAPER+=(--only ${ONLY//,/ })
 step vitb_eager 90 "${BENCH[@]}" "${VITB[@]}" --json "$OUT/vitb_eager.json"
-step vitb_compiled 150 "${BENCH[@]}" "${VITB[@]}" --compile --models "${COMPILED_MODELS[@]}" --json "$OUT/vitb_compiled.json"
+step vitb_compiled 150 "${BENCH[@]}" "${VITB[@]}" "${COMPILE[@]}" --models "${COMPILED_MODELS[@]}" --json "$OUT/vitb_compiled.json"
 step profile 150 "$PY" benchmarks/profile_step.py --device "$DEVICE" "${PROFILE[@]}" --out "$OUT/profile"
 step rnnt_joint 90 "$PY" benchmarks/bench_rnnt_joint.py --device "$DEVICE" "${RNNT[@]}" --json "$OUT/rnnt_joint.json"
 step speech_eager 90 "${BENCH[@]}" "${SPEECH[@]}" --json "$OUT/speech_eager.json"
-step speech_compiled 150 "${BENCH[@]}" "${SPEECH[@]}" --compile --models "${COMPILED_MODELS[@]:0:2}" --json "$OUT/speech_compiled.json"
+step speech_compiled 150 "${BENCH[@]}" "${SPEECH[@]}" "${COMPILE[@]}" --models "${COMPILED_MODELS[@]:0:2}" --json "$OUT/speech_compiled.json"
 LEFT=$((BUDGET - ($(date +%s) - START) - 10))
 step paper_sizes "$LEFT" "$PY" benchmarks/paper_sizes.py --device "$DEVICE" "${PAPER[@]}" --deadline "$((LEFT - 15))" \
     --out "$OUT/paper_sizes"

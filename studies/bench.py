@@ -156,11 +156,11 @@ def build_models(a: argparse.Namespace) -> tuple[dict[str, nn.Module], dict[str,
         model.to(a.device).train()
     if a.compile:
         for model in models.values():
-            compile_blocks(model)
+            compile_blocks(model, a.compile_backend)
     return models, skipped
 
 
-def compile_blocks(model: nn.Module) -> None:
+def compile_blocks(model: nn.Module, backend: str = "inductor") -> None:
     """``torch.compile`` each block in place (regional compilation, as PyTorch's recipe
     for stacks of identical layers): the blocks share one compiled graph, so a 12- or
     18-layer stack compiles in the time of one block; the same for every model here."""
@@ -173,7 +173,7 @@ def compile_blocks(model: nn.Module) -> None:
         raise ValueError(f"{type(model).__name__}: no ModuleList of blocks to compile")
     for layers in blocks:
         for layer in layers:
-            layer.compile()
+            layer.compile(backend=backend)
 
 
 def step_flops(a: argparse.Namespace) -> float:
@@ -459,6 +459,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32", help="bf16: autocast (meant for cuda)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile every block of every model (regional compilation) before timing")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile's backend (eager: graph capture only, no code generation; a quick check)")
     p.add_argument("--models", nargs="+", default=None, metavar="NAME",
                    help=f"time only these (default: all of {', '.join(OURS + REFERENCES)})")
     p.add_argument("--peak-tflops", type=float, default=None,
