@@ -142,3 +142,23 @@ def broadcast_flag(flag: bool, env: Env) -> bool:
     t = torch.tensor([int(flag)], device=env.device)
     dist.broadcast(t, 0)
     return bool(t.item())
+
+
+@contextlib.contextmanager
+def deterministic(on: bool):
+    """``train.deterministic``: deterministic kernels for the run (a kernel without a
+    deterministic version warns and runs), the previous setting back afterwards. cuBLAS needs
+    its workspace setting before its first use in the process; set here unless given."""
+    if not on:
+        yield
+        return
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.backends.cudnn.benchmark)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.backends.cudnn.benchmark = before[2]

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import random
 import shutil
 import time
@@ -57,7 +56,7 @@ from foundation.engine.guard import LossWatch, Stability
 from foundation.engine.metrics_log import MetricsLog, Progress
 from foundation.engine.init import check_init_from, load_init_from
 from foundation.engine.model import ModelConfig, MultiTaskModel
-from foundation.engine.optim import EMA, build_optimizer, build_scheduler
+from foundation.engine.optim import EMA, build_optimizer, build_scheduler, grad_total_norm
 from foundation.engine.rundir import STATUS_FILE, RunDir, describe_changes, resume_changes, write_config
 
 STATE_VERSION = 1
@@ -90,15 +89,6 @@ def build_model(cfg: TrainConfig, specs: list[TaskSpec], log=print) -> MultiTask
     if cfg.init_from:
         load_init_from(model, cfg.init_from, cfg.init_expert, log)
     return model
-
-
-def grad_total_norm(params, max_norm: float | None) -> torch.Tensor:
-    """The gradients' total L2 norm, clipping them to ``max_norm`` where one is set; without
-    one, the norm alone (clipping to inf would still rescale every gradient by 1.0)."""
-    params = list(params)
-    if max_norm is not None or not hasattr(torch.nn.utils, "get_total_norm"):  # the latter: torch < 2.6
-        return torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
-    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
 
 
 def nonfinite_tensors(model: torch.nn.Module, env: Env) -> list[str]:
@@ -566,26 +556,6 @@ class Trainer:
         return self._result("diverged", message)
 
 
-@contextlib.contextmanager
-def deterministic(on: bool):
-    """``train.deterministic``: deterministic kernels for the run (a kernel without a
-    deterministic version warns and runs), the previous setting back afterwards. cuBLAS needs
-    its workspace setting before its first use in the process; set here unless given."""
-    if not on:
-        yield
-        return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
-              torch.backends.cudnn.benchmark)
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
-        torch.backends.cudnn.benchmark = before[2]
-
-
 def train(cfg: TrainConfig, specs: list[TaskSpec] | None = None) -> RunResult:
     """Run (or resume) the training that ``cfg`` describes, in this process group. The run
     directory is locked throughout; a failure once it is this run's is recorded there
@@ -596,7 +566,7 @@ def train(cfg: TrainConfig, specs: list[TaskSpec] | None = None) -> RunResult:
         check_init_from(cfg.backbone, cfg.init_from)
     env = distributed.setup(cfg.device)
     try:
-        with RunDir(cfg.run_dir, env) as run_dir, deterministic(cfg.train.deterministic):
+        with RunDir(cfg.run_dir, env) as run_dir, distributed.deterministic(cfg.train.deterministic):
             trainer = None
             try:
                 trainer = Trainer(cfg, specs, env, run_dir)

@@ -134,3 +134,12 @@ class EMA:
             yield
         finally:
             model.load_state_dict(own)
+
+
+def grad_total_norm(params, max_norm: float | None) -> torch.Tensor:
+    """The gradients' total L2 norm, clipping them to ``max_norm`` where one is set; without
+    one, the norm alone (clipping to inf would still rescale every gradient by 1.0)."""
+    params = list(params)
+    if max_norm is not None or not hasattr(torch.nn.utils, "get_total_norm"):  # the latter: torch < 2.6
+        return torch.nn.utils.clip_grad_norm_(params, math.inf if max_norm is None else max_norm)
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
