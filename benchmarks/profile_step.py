@@ -27,7 +27,7 @@ import torch  # noqa: E402
 
 from foundation.config import BackboneConfig  # noqa: E402
 from foundation.transformer import Backbone  # noqa: E402
-from studies.bench import BF16_PEAK_TFLOPS  # noqa: E402
+from studies.bench import BF16_PEAK_TFLOPS, step_flops as bench_step_flops  # noqa: E402
 
 # kernel-name fragments -> kind (the first that matches); cuBLAS / CUTLASS GEMMs go by several names
 KINDS = [
@@ -45,7 +45,8 @@ def kind(name: str) -> str:
 
 
 def step_flops(B: int, T: int, D: int, depth: int) -> float:
-    return 3 * depth * (2 * B * T * (4 * D * D + 2 * D * 4 * D) + 4 * B * T * T * D)
+    """``foundation bench backbone``'s count, so the two MFU columns agree."""
+    return bench_step_flops(argparse.Namespace(batch=B, tokens=T, dim=D, depth=depth))
 
 
 def build(a: argparse.Namespace, mode: str) -> torch.nn.Module:
