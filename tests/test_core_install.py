@@ -4,14 +4,16 @@ the engine and the tasks that need nothing more train; a task whose extra is mis
 start with one line naming the extra."""
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
 import subprocess
 import venv
+from importlib import metadata
 from pathlib import Path
 
 import pytest
-import torch
-import torchvision
 
 REPO = Path(__file__).resolve().parents[1]
 EXTRAS_ONLY = ("mmseg", "mmengine", "espnet2", "open_clip", "torchaudio", "matplotlib", "tensorboard", "sentencepiece")
@@ -28,13 +30,38 @@ def sh(*cmd, cwd=None, check=True):
 
 @pytest.fixture(scope="module")
 def core(tmp_path_factory):
+    """A fresh venv holding exactly what pip resolves for the core install. pip resolves it
+    (a dry run, pinned to this environment's versions); the resolved distributions are then
+    linked from this environment rather than installed again, because a second copy of a CUDA
+    torch build (~5 GB with its nvidia libraries) fills a CI machine's disk."""
     root = tmp_path_factory.mktemp("core")
     venv.create(root / "venv", with_pip=True)
     py = root / "venv" / "bin" / "python"
-    # torch / torchvision at this environment's versions: the same wheels, from pip's cache
-    sh(py, "-m", "pip", "install", "-q", "--disable-pip-version-check",
-       f"torch=={torch.__version__.split('+')[0]}", f"torchvision=={torchvision.__version__.split('+')[0]}", REPO)
-    return root, py
+    here = {canonical(d.metadata["Name"]): d for d in metadata.distributions()}
+    pins = root / "pins.txt"
+    pins.write_text("".join(f"{n}=={d.version}\n" for n, d in here.items() if n != "foundation-suite"))
+    report = root / "report.json"
+    sh(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--dry-run", "--ignore-installed",
+       "--report", report, "-c", pins, REPO)
+    resolved = {canonical(i["metadata"]["name"]): i["metadata"]["version"]
+                for i in json.loads(report.read_text())["install"]}
+    assert "foundation-suite" in resolved and "torch" in resolved, sorted(resolved)
+    site = Path(sh(py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip())
+    for name, version in resolved.items():
+        if name == "foundation-suite":
+            continue
+        dist = here[name]
+        assert dist.version == version, (name, dist.version, version)
+        for top in {Path(f).parts[0] for f in dist.files or ()} - {"..", "__pycache__"}:
+            if not (site / top).exists():
+                (site / top).symlink_to(Path(dist.locate_file(top)))
+    sh(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", REPO)
+    yield root, py
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def canonical(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def test_core_alone_trains_seq2seq_and_classification(core):
