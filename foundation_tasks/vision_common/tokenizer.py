@@ -74,8 +74,11 @@ def load_tokenizer(path: str | Path, task_id: Optional[str] = None) -> FrozenTok
         # that the teacher (CLIP) is never looked up
         head = build_vqkd(c, config.backbone, target_dim=decoder_out.shape[0])
         tok = FrozenTokenizer(Backbone(config.backbone), head, c.img_size, c.patch_size)
+    if tok.head.quantize.codebook.is_meta:
+        # built under checkpoint._check_fits's meta device (a MIM run's shapes being checked):
+        # nothing to copy into, and torch would warn once per tensor
+        return tok
     checkpoint.load_state_into(tok, state, where=f"{path} (tokenizer {spec.id!r})")
-    # (a model checked on the meta device, checkpoint._check_fits, builds its tokenizer there: no values)
-    if not tok.head.quantize.initted.is_meta and not bool(tok.head.quantize.initted):
+    if not bool(tok.head.quantize.initted):
         raise CheckpointError(f"{path}: the tokenizer's codebook was never initialised (no training step)")
     return tok

@@ -5,7 +5,8 @@
         data_dir: data/vision-demo
         img_size: 32
         patch_size: 4
-        teacher: pixels          # or clip (clip_model, clip_pretrained: a local weights file)
+        teacher: pixels          # or clip (clip_model, clip_pretrained: a local weights file),
+                                 # or run (teacher_run: a vision run's model.safetensors)
         num_codes: 8192
         code_dim: 32
 
@@ -28,9 +29,9 @@ from foundation_tasks.vision_common.folder import ImageFolderDataset
 from foundation_tasks.vision_common.task import ImageFolderTask
 from foundation_tasks.vision_common.transforms import pretrain_transform, uncropped_eval_transform
 from foundation_tasks.vision_common.vqkd import VQKDHead, build_vqkd
-from foundation_tasks.vq_tokenizer.teacher import ClipTeacher, PixelTeacher
+from foundation_tasks.vq_tokenizer.teacher import ClipTeacher, PixelTeacher, RunTeacher
 
-TEACHERS = ("pixels", "clip")
+TEACHERS = ("pixels", "clip", "run")
 
 
 @dataclass
@@ -45,11 +46,12 @@ class VQTokenizerConfig:
     decoder_depth: int = 3
     decoder_dim: Optional[int] = None  # default: backbone.dim
     decoder_heads: Optional[int] = None  # default: backbone.heads
-    teacher: str = "pixels"  # pixels (offline) | clip (BEiT v2)
+    teacher: str = "pixels"  # pixels (offline) | clip (BEiT v2) | run (a ViT trained here: teacher_run)
     norm_pix: bool = False  # pixels: normalise each target patch (MAE); codes describe structure, not colour
     clip_model: str = "ViT-B-16"  # open_clip model name, or an open_clip config .json
     clip_pretrained: Optional[str] = None  # local open_clip weights file; null = random teacher (tests only)
-    rec_loss: Optional[str] = None  # cosine | mse; default cosine for clip, mse for pixels
+    teacher_run: Optional[str] = None  # run: a vision run's model.safetensors (e.g. pixel MIM), frozen
+    rec_loss: Optional[str] = None  # cosine | mse; default cosine for clip and run, mse for pixels
     target_dim: Optional[int] = None  # decoder output size; default the teacher's feature size
     input_norm: str = "imagenet"  # the encoder's input: imagenet (mean/std) | unit ([-1, 1], BEiT v2 weights)
     scale: List[float] = field(default_factory=lambda: [0.08, 1.0])  # RandomResizedCrop area range
@@ -63,7 +65,9 @@ class VQTokenizerConfig:
         if self.teacher not in TEACHERS:
             raise bad("teacher", f"must be one of {', '.join(TEACHERS)}")
         if self.rec_loss is None:
-            self.rec_loss = "cosine" if self.teacher == "clip" else "mse"
+            self.rec_loss = "mse" if self.teacher == "pixels" else "cosine"
+        if self.teacher == "run" and not self.teacher_run:
+            raise bad("teacher_run", "teacher: run needs the teacher's model.safetensors")
         if self.rec_loss not in ("cosine", "mse"):
             raise bad("rec_loss", "must be cosine or mse")
         if self.input_norm not in ("imagenet", "unit"):
@@ -88,6 +92,8 @@ class VQTokenizer(ImageFolderTask):
         c = self.cfg
         if c.clip_pretrained is not None and not Path(c.clip_pretrained).is_file():
             raise ConfigError(f"field 'clip_pretrained': not found: {c.clip_pretrained}")
+        if c.teacher == "run" and not Path(c.teacher_run).is_file():
+            raise ConfigError(f"field 'teacher_run': not found: {c.teacher_run}")
         if c.teacher == "clip" and c.clip_model.endswith(".json") and not Path(c.clip_model).is_file():
             raise ConfigError(f"field 'clip_model': not found: {c.clip_model}")
 
@@ -95,6 +101,8 @@ class VQTokenizer(ImageFolderTask):
         c = self.cfg
         if c.teacher == "pixels":
             return PixelTeacher(c.patch_size, norm_pix=c.norm_pix)
+        if c.teacher == "run":
+            return RunTeacher(c.teacher_run, c.img_size, c.patch_size)
         return ClipTeacher(c.clip_model, c.clip_pretrained)
 
     def build_head(self, shared=None) -> VQKDHead:
@@ -103,12 +111,16 @@ class VQTokenizer(ImageFolderTask):
 
     def target_dim(self) -> int:
         """The decoder's output size: ``target_dim``, else the teacher's feature size without
-        building it (pixels: p*p*3; clip: its embed_dim)."""
+        building it (pixels: p*p*3; run: its backbone's dim; clip: its embed_dim)."""
         c = self.cfg
         if c.target_dim is not None:
             return c.target_dim
         if c.teacher == "pixels":
             return c.patch_size * c.patch_size * 3
+        if c.teacher == "run":
+            from foundation import checkpoint
+
+            return int(checkpoint.read_config(c.teacher_run)[1].backbone.dim)
         import open_clip
 
         if c.clip_model.endswith(".json"):

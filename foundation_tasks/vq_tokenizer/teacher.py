@@ -1,5 +1,6 @@
-"""What the VQ-KD decoder reconstructs: a CLIP teacher's patch features (BEiT v2), or,
-for offline use, the image's own patch pixels.
+"""What the VQ-KD decoder reconstructs: a CLIP teacher's patch features (BEiT v2), the patch
+features of a ViT trained here (one of our own vision runs, e.g. pixel MIM on the same
+unlabelled images), or the image's own patch pixels.
 
 Both take the images as the vision pipeline gives them (ImageNet mean/std normalised,
 ``foundation_tasks.vision_common.transforms.MEAN/STD``) and return ``(B, N, out_dim)`` on the tokenizer's
@@ -16,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foundation.embed import ViTFrontEnd
+from foundation_tasks.vision_common.front_end import load_front_end
 from foundation_tasks.vision_common.transforms import unnormalize
 
 
@@ -99,3 +102,39 @@ class ClipTeacher(nn.Module):
             t = tokens.transpose(1, 2).reshape(B, D, *self.grid)
             tokens = F.interpolate(t, size=tuple(grid), mode="bilinear", align_corners=False).flatten(2).transpose(1, 2)
         return tokens.float()
+
+
+class RunTeacher(nn.Module):
+    """A frozen ViT from one of our vision runs (``model.safetensors`` of a MIM, tokenizer or
+    classification run); the target is its final-normed patch tokens.
+
+    BEiT v2's teacher is CLIP; where none can be had, a model pretrained here on the same
+    unlabelled images stands in: a pixel-MIM (MAE-target) run's features carry the objects'
+    shape, which the codes then inherit (a pixel tokenizer's codes describe colour). The
+    front end is built at the tokenizer's image and patch size (positions resampled when the
+    run's grid differs); the run's patch size must be the tokenizer's."""
+
+    def __init__(self, path: str, img_size: int, patch_size: int):
+        super().__init__()
+        from safetensors.torch import load_file
+
+        from foundation import checkpoint
+        from foundation.engine import model as _engine_model  # noqa: F401  registers the MultiTaskModel kind
+        from foundation.transformer import Backbone
+
+        _, config = checkpoint.read_config(path)
+        self.backbone = Backbone(config.backbone)
+        state = {k[len("backbone."):]: v for k, v in load_file(path).items() if k.startswith("backbone.")}
+        checkpoint.load_state_into(self.backbone, state, where=f"{path} (teacher backbone)")
+        self.embed = ViTFrontEnd(config.backbone.dim, img_size, patch_size)
+        load_front_end(self.embed, path, log=lambda s: None)
+        self.requires_grad_(False).eval()
+        self.out_dim = config.backbone.dim
+
+    def train(self, mode: bool = True) -> "RunTeacher":
+        return super().train(False)  # always frozen, always eval
+
+    @torch.no_grad()
+    def forward(self, images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        tokens = self.embed.embed(images)[0]
+        return self.backbone(tokens, segments=[("vision", tokens.shape[1])])[:, 1:].float()

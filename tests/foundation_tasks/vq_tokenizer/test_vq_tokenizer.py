@@ -70,3 +70,31 @@ def test_pixel_teacher_norm_pix():
     assert normed.mean(-1).abs().max() < 1e-5
     assert (normed.var(-1) - 1).abs().max() < 1e-3
     assert torch.allclose(PixelTeacher(4, norm_pix=True)(3 * images + 1, (4, 4)), normed, atol=1e-4)
+
+
+def test_tokenizer_with_a_teacher_trained_here(vision_data, vision_tokenizer, tmp_path, vision_config, run_config):
+    """teacher: run distils a frozen ViT from one of our vision runs (here the tokenizer
+    fixture's encoder): the targets are its final-normed patch tokens, the teacher gets no
+    gradient and is not saved."""
+    from foundation_tasks.vision_common.tokenizer import load_tokenizer
+    from foundation_tasks.vq_tokenizer.teacher import RunTeacher
+
+    teacher = RunTeacher(str(vision_tokenizer), **IMAGE)
+    tok = load_tokenizer(vision_tokenizer)
+    images = torch.randn(3, 3, 16, 16)
+    with torch.no_grad():  # the teacher's targets are the run's encoder output, patch tokens only
+        expected = tok.backbone(tok.head.embed(images)[0])[:, 1:]
+    target = teacher(images, (4, 4))
+    assert target.shape == (3, 16, teacher.out_dim) and torch.allclose(target, expected, atol=1e-6)
+    assert not any(p.requires_grad for p in teacher.parameters()) and not teacher.train().training
+    task = {"name": "vq_tokenizer", "data_dir": str(vision_data), **IMAGE, "num_codes": 32, "code_dim": 8,
+            "decoder_depth": 1, "teacher": "run", "teacher_run": str(vision_tokenizer)}
+    result = run_config(vision_config(tmp_path, "run-teacher", task, train={"steps": 2, "batch_size": 6}))
+    assert result.status == "finished" and 0 <= result.metrics["vq_tokenizer/rec_loss"] <= 2  # 1 - cosine
+    state = load_file(str(result.run_dir / "best" / "model.safetensors"))
+    assert state["heads.vq_tokenizer.decode_task_layer.2.weight"].shape[0] == teacher.out_dim
+    assert not any("teacher" in k for k in state)
+    with pytest.raises(ConfigError, match="teacher_run.*not found"):
+        resolve(OmegaConf.create(vision_config(tmp_path, "run2", {**task, "teacher_run": str(tmp_path / "no.safetensors")})))
+    with pytest.raises(ConfigError, match="teacher_run"):
+        resolve(OmegaConf.create(vision_config(tmp_path, "run3", {**task, "teacher_run": None})))
