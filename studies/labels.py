@@ -8,8 +8,10 @@ A task takes part through its recipe (``foundation_tasks/<task>/recipe.py``: ``l
 
 * ``pixels``: ``configs/vision/tiny_mim_pixels.yaml`` (normalised-pixel regression of the masked
   patches: SimMIM's input masking, MAE's target), for classification and segmentation;
-* ``tokens``: ``configs/vision/tiny_tokenizer.yaml`` (a VQ-KD tokenizer), then
-  ``configs/vision/tiny_mim.yaml`` (BEiT: the masked patches' codes);
+* ``tokens``: the BEiT path with a teacher trained here: ``configs/vision/tiny_tokenizer.yaml``
+  distilling the Magneto ``pixels`` run (``teacher: run``; one tokenizer for both norms), then
+  MIM predicting its codes with the pixel recipe's masking (``tiny_mim_pixels.yaml``,
+  ``target: tokens``);
 * ``best_rq``: ``configs/best_rq/tiny.yaml`` on the speech corpus's audio, for ASR;
 * ``vl``: ``configs/vl/tiny_pretrain.yaml`` (BEiT-3: masked text, images, image-caption pairs),
   for VQA.
@@ -42,6 +44,8 @@ from studies.compare import exclusive, parse_ints, parse_norms
 from studies.plots import pyplot
 
 TOKENIZER = "configs/vision/tiny_tokenizer.yaml"
+TOKENIZER_STEPS = 3000  # its codebook use and what the codes say of the class still grow at 3,000 steps
+TEACHER_NORM = "magneto"  # the pixel-MIM run the tokenizer distils
 VL_DATA = {"text.train_data": "text/train.txt", "text.eval_data": "text/val.txt",
            "image.train_data": "vqa/train2014", "image.eval_data": "vqa/val2014",
            "pair.train_data": "coco/annotations/captions_train2014.json", "pair.train_images": "vqa/train2014",
@@ -59,8 +63,9 @@ class Pretraining:
 PRETRAININGS = {
     "pixels": Pretraining("configs/vision/tiny_mim_pixels.yaml", "vision", ("tasks.0.data_dir={root}",),
                           "MIM, pixel target"),
-    "tokens": Pretraining("configs/vision/tiny_mim.yaml", "vision", ("tasks.0.data_dir={root}",),
-                          "MIM, token target (BEiT)"),
+    "tokens": Pretraining("configs/vision/tiny_mim_pixels.yaml", "vision", ("tasks.0.data_dir={root}",
+                                                                          "tasks.0.target=tokens"),
+                          "MIM, token target (BEiT v2, pixel-MIM teacher)"),
     "best_rq": Pretraining("configs/best_rq/tiny.yaml", "speech", ("tasks.0.data_dir={root}",), "BEST-RQ"),
     # the VQA recipe's convolutional stem in every entry, so that fine-tuning loads it too
     "vl": Pretraining("configs/vl/tiny_pretrain.yaml", "vl",
@@ -116,7 +121,7 @@ class Study:
     def __init__(self, a: argparse.Namespace, folders: dict[str, str]):
         self.a, self.out, self.folders = a, Path(a.out), folders
         self.lock = threading.Lock()  # printing
-        self.tokenizer_lock = threading.Lock()  # the tokenizer run, shared by both norms' token MIM
+        self.run_locks: dict[Path, threading.Lock] = {}  # a run two threads may both need (teacher, tokenizer)
         self.failed: list[str] = []
 
     def say(self, text: str) -> None:
@@ -127,6 +132,12 @@ class Study:
         return str(Path(self.a.data) / self.folders[data])
 
     def train(self, config: str, run_dir: Path, overrides: Sequence[str]) -> bool:
+        with self.lock:
+            lock = self.run_locks.setdefault(run_dir, threading.Lock())
+        with lock:  # the second caller finds it finished and reads it
+            return self._train(config, run_dir, overrides)
+
+    def _train(self, config: str, run_dir: Path, overrides: Sequence[str]) -> bool:
         failure = runs.ensure(Path(config), [*overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
                                              "log.progress=false"], run_dir, say=self.say, head=f"  {run_dir.name}")
         if failure or runs.status(run_dir) != "finished":
@@ -141,10 +152,14 @@ class Study:
         steps = [f"train.steps={self.a.pretrain_steps}"] if self.a.pretrain_steps else []
         extra: list[str] = []
         if init == "tokens":
-            tokenizer = pre / "tokenizer"  # the tokenizer has no backbone norm: one for both
-            with self.tokenizer_lock:  # two threads must not train the same run
-                ok = self.train(TOKENIZER, tokenizer, [*data, *steps, *self.a.pretrain])
-            if not ok:
+            teacher = self.pretrain(TEACHER_NORM, "pixels")
+            if teacher is None:
+                return None
+            tokenizer = pre / "tokenizer"  # one for both norms
+            tok_steps = min(TOKENIZER_STEPS, self.a.pretrain_steps or TOKENIZER_STEPS)
+            if not self.train(TOKENIZER, tokenizer, [f"tasks.0.data_dir={self.root(p.data)}", f"train.steps={tok_steps}",
+                                                     "tasks.0.teacher=run",
+                                                     f"tasks.0.teacher_run={teacher}", *self.a.pretrain]):
                 return None
             extra = [f"tasks.0.tokenizer={tokenizer / 'best' / 'model.safetensors'}"]
         run = pre / f"{init}-{norm}"

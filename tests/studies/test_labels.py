@@ -35,6 +35,9 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
     seg = (out / "runs" / "segmentation-magneto-1-pixels-s0" / "config.yaml").read_text()
     assert "train_fraction: 1" in seg and "pretrain/pixels-magneto" in seg  # one vision pretraining for both
     assert sorted(p.name for p in (out / "pretrain").iterdir()) == ["pixels-magneto", "tokenizer", "tokens-magneto"]
+    tok = (out / "pretrain" / "tokenizer" / "config.yaml").read_text()  # distils the pixel-MIM run
+    assert "teacher: run" in tok and "pretrain/pixels-magneto/best/model.safetensors" in tok
+    assert "target: tokens" in (out / "pretrain" / "tokens-magneto" / "config.yaml").read_text()
     capsys.readouterr()
     assert labels.main(argv) == 0  # again: every run is read, none retrained
     assert "training ..." not in capsys.readouterr().out
