@@ -16,12 +16,10 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from foundation import checkpoint
-from foundation.engine import model as _engine_model  # noqa: F401  registers the MultiTaskModel kind
 from foundation.transformer import Backbone
 from foundation.embed import ViTFrontEnd
 from foundation_tasks.vision_common.folder import ImageFolderDataset
-from foundation_tasks.vision_common.front_end import load_front_end
+from foundation_tasks.vision_common.front_end import vision_encoder
 from foundation_tasks.vision_common.transforms import uncropped_eval_transform
 
 
@@ -62,15 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     torch.manual_seed(a.seed)
-    _, config = checkpoint.read_config(a.checkpoint)
-    backbone = Backbone(config.backbone).eval()
-    embed = ViTFrontEnd(config.backbone.dim, a.img_size, a.patch_size)
-    if not a.random:
-        from safetensors.torch import load_file
-
-        state = load_file(a.checkpoint)
-        backbone.load_state_dict({k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")})
-        load_front_end(embed, a.checkpoint, log=lambda s: None)
+    embed, backbone = vision_encoder(a.checkpoint, a.img_size, a.patch_size, load=not a.random)
+    backbone.eval()
     transform = uncropped_eval_transform(a.img_size)
     train = ImageFolderDataset(a.data, "train", transform)
     val = ImageFolderDataset(a.data, "val", transform, classes=train.classes)

@@ -89,3 +89,23 @@ def load_front_end(head: ViTFrontEnd, path: str | Path, log: Callable[[str], Non
         f"kept their initialisation: {', '.join(report['missing']) or 'none'}; "
         f"not used: {', '.join(report['unused']) or 'none'}")
     return report
+
+
+def vision_encoder(path: str | Path, img_size: int, patch_size: int, load: bool = True):
+    """(front end, backbone) of one of our vision runs (a MIM, tokenizer or classification run's
+    ``model.safetensors``), built at ``img_size`` / ``patch_size`` (positions resampled when the
+    run's grid differs); ``load=False``: the same architecture at initialisation."""
+    from safetensors.torch import load_file
+
+    from foundation import checkpoint
+    from foundation.engine import model as _engine_model  # noqa: F401  registers the MultiTaskModel kind
+    from foundation.transformer import Backbone
+
+    _, config = checkpoint.read_config(path)
+    backbone = Backbone(config.backbone)
+    embed = ViTFrontEnd(config.backbone.dim, img_size, patch_size)
+    if load:
+        state = {k[len("backbone."):]: v for k, v in load_file(str(path)).items() if k.startswith("backbone.")}
+        checkpoint.load_state_into(backbone, state, where=f"{path} (backbone)")
+        load_front_end(embed, path, log=lambda s: None)
+    return embed, backbone

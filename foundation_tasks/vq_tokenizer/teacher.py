@@ -17,8 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foundation.embed import ViTFrontEnd
-from foundation_tasks.vision_common.front_end import load_front_end
+from foundation_tasks.vision_common.front_end import vision_encoder
 from foundation_tasks.vision_common.transforms import unnormalize
 
 
@@ -116,20 +115,9 @@ class RunTeacher(nn.Module):
 
     def __init__(self, path: str, img_size: int, patch_size: int):
         super().__init__()
-        from safetensors.torch import load_file
-
-        from foundation import checkpoint
-        from foundation.engine import model as _engine_model  # noqa: F401  registers the MultiTaskModel kind
-        from foundation.transformer import Backbone
-
-        _, config = checkpoint.read_config(path)
-        self.backbone = Backbone(config.backbone)
-        state = {k[len("backbone."):]: v for k, v in load_file(path).items() if k.startswith("backbone.")}
-        checkpoint.load_state_into(self.backbone, state, where=f"{path} (teacher backbone)")
-        self.embed = ViTFrontEnd(config.backbone.dim, img_size, patch_size)
-        load_front_end(self.embed, path, log=lambda s: None)
+        self.embed, self.backbone = vision_encoder(path, img_size, patch_size)
         self.requires_grad_(False).eval()
-        self.out_dim = config.backbone.dim
+        self.out_dim = self.backbone.config.dim
 
     def train(self, mode: bool = True) -> "RunTeacher":
         return super().train(False)  # always frozen, always eval
