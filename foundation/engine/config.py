@@ -48,6 +48,11 @@ class OptimConfig:
     eps: float = 1e-8
     layer_decay: Optional[float] = None
     clip_grad: Optional[float] = 1.0  # max global grad norm; null = no clipping
+    # the first N steps train only what init_from did not load (the new head): linear probing, then
+    # fine-tuning (LP-FT; wav2vec 2.0's freeze_finetune_updates), so that a fresh head's first
+    # gradients do not rewrite the pretrained layers. Their Adam moments still follow the gradients.
+    # Without init_from nothing is held, so one recipe serves both starts.
+    freeze_pretrained_steps: int = 0
     no_weight_decay: List[str] = field(default_factory=list)  # extra fnmatch name patterns
 
     def __post_init__(self) -> None:
@@ -61,6 +66,8 @@ class OptimConfig:
         _check(self.layer_decay is None or 0 < self.layer_decay <= 1, "optim.layer_decay", self.layer_decay,
                "must be in (0, 1]")
         _check(self.clip_grad is None or self.clip_grad > 0, "optim.clip_grad", self.clip_grad, "must be > 0 or null")
+        _check(self.freeze_pretrained_steps >= 0, "optim.freeze_pretrained_steps", self.freeze_pretrained_steps,
+               "must be >= 0")
 
 
 @dataclass

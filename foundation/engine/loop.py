@@ -86,8 +86,7 @@ def build_model(cfg: TrainConfig, specs: list[TaskSpec], log=print) -> MultiTask
     """Backbone + heads; ``init_from`` loads the backbone and the matching head tensors,
     reporting what was resized or skipped (``foundation.engine.init``)."""
     model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
-    if cfg.init_from:
-        load_init_from(model, cfg.init_from, cfg.init_expert, log)
+    model.init_report = load_init_from(model, cfg.init_from, cfg.init_expert, log) if cfg.init_from else None
     return model
 
 
@@ -122,7 +121,9 @@ class Trainer:
         self.wrapped = distributed.wrap(self.model, env, cfg.train.strategy, find_unused=len(specs) > 1)
         if cfg.train.compile:
             self.wrapped = torch.compile(self.wrapped)
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        report = self.model.init_report
+        pretrained = set(report.loaded) if report is not None and cfg.optim.freeze_pretrained_steps else set()
+        self.optimizer = build_optimizer(self.model, cfg.optim, pretrained=pretrained)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.optim.lr, cfg.train.steps)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
         if cfg.train.ema is not None and cfg.train.strategy == "fsdp" and env.distributed:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
-from typing import Callable, Iterator
+from typing import Callable, Collection, Iterator
 
 import torch
 from torch import nn
@@ -37,11 +37,14 @@ def layer_ids(model: MultiTaskModel) -> tuple[dict[str, int], int]:
     return ids, top - 1
 
 
-def param_groups(model: MultiTaskModel, cfg: OptimConfig) -> list[dict]:
+def param_groups(model: MultiTaskModel, cfg: OptimConfig, pretrained: Collection[str] = ()) -> list[dict]:
     """One group per (layer, decay or not), each with its ``lr_scale`` already applied to
     its ``lr``: the scheduler multiplies each group's own initial lr, so the scale holds
-    at every step (timm's groups only carry ``lr_scale`` for timm's schedulers to apply)."""
+    at every step (timm's groups only carry ``lr_scale`` for timm's schedulers to apply).
+    With ``cfg.freeze_pretrained_steps``, the ``pretrained`` parameters (by name) form groups
+    of their own that carry ``frozen_steps`` (``build_scheduler`` holds their lr at 0)."""
     ids, depth = layer_ids(model)
+    hold = cfg.freeze_pretrained_steps if pretrained else 0
     no_decay = set()
     for tid, head in model.heads.items():
         if hasattr(head, "no_weight_decay"):
@@ -53,9 +56,11 @@ def param_groups(model: MultiTaskModel, cfg: OptimConfig) -> list[dict]:
         decays = not (p.ndim <= 1 or name in no_decay or any(fnmatch.fnmatch(name, pat) for pat in cfg.no_weight_decay))
         layer = ids[name] if cfg.layer_decay is not None else 0
         scale = cfg.layer_decay ** (depth + 1 - layer) if cfg.layer_decay is not None else 1.0
-        group = groups.setdefault((layer, decays), {
+        held = bool(hold) and name in pretrained
+        # held groups sort first: the last group, whose lr the log shows, is one that trains
+        group = groups.setdefault((layer, decays, not held), {
             "params": [], "weight_decay": cfg.weight_decay if decays else 0.0,
-            "lr_scale": scale, "lr": cfg.lr * scale, "layer_id": layer,
+            "lr_scale": scale, "lr": cfg.lr * scale, "layer_id": layer, **({"frozen_steps": hold} if held else {}),
         })
         group["params"].append(p)
     return [groups[k] for k in sorted(groups)]
@@ -64,12 +69,13 @@ def param_groups(model: MultiTaskModel, cfg: OptimConfig) -> list[dict]:
 FUSED_DEVICES = ("cpu", "cuda")  # where torch's fused AdamW kernel runs
 
 
-def build_optimizer(model: MultiTaskModel, cfg: OptimConfig, params: list[dict] | None = None) -> torch.optim.AdamW:
+def build_optimizer(model: MultiTaskModel, cfg: OptimConfig, params: list[dict] | None = None,
+                    pretrained: Collection[str] = ()) -> torch.optim.AdamW:
     """torch's AdamW, its fused kernel wherever every parameter allows it (CPU, CUDA): on a
     CPU torch's default is a per-tensor loop, 3.5-7x slower on the demo models
     (``benchmarks/optimizer_step.py``), a tenth of a tiny VL model's training step (its
     49k-row text embedding is updated every step). The same update up to float rounding."""
-    groups = params or param_groups(model, cfg)
+    groups = params or param_groups(model, cfg, pretrained)
     tensors = [p for g in groups for p in g["params"]]
     fused = all(p.device.type in FUSED_DEVICES and p.is_floating_point() for p in tensors) or None
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused)
@@ -97,7 +103,20 @@ def lr_factor(cfg: ScheduleConfig, peak_lr: float, total_steps: int) -> Callable
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: ScheduleConfig, peak_lr: float, total_steps: int) -> LambdaLR:
-    return LambdaLR(optimizer, lr_factor(cfg, peak_lr, total_steps))
+    """The schedule for every group; a group with ``frozen_steps`` N gets lr 0 for its first N
+    steps, then the schedule's value at that step (Adam's moments kept following its gradients)."""
+    factor = lr_factor(cfg, peak_lr, total_steps)
+    holds = [g.get("frozen_steps", 0) for g in optimizer.param_groups]
+    if not any(holds):
+        return LambdaLR(optimizer, factor)
+    return LambdaLR(optimizer, [held(factor, n) if n else factor for n in holds])
+
+
+def held(factor: Callable[[int], float], steps: int) -> Callable[[int], float]:
+    def frozen_then(step: int) -> float:
+        return 0.0 if step < steps else factor(step)
+
+    return frozen_then
 
 
 class EMA:

@@ -226,6 +226,51 @@ def test_the_optimizer_is_fused_and_updates_as_torchs_default_adamw(tmp_path):
     assert moved > 1e-2  # both really trained
 
 
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_freeze_pretrained_steps_trains_only_the_rest_first(tmp_path):
+    """``optim.freeze_pretrained_steps`` N: the pretrained parameters keep their values for N
+    real AdamW steps while the others train, then move at the schedule's lr of that step."""
+    (tmp_path / "start.safetensors").touch()  # only the path is checked here
+    cfg, specs = resolve(tiny_config(tmp_path, optim={"lr": 1e-2, "freeze_pretrained_steps": 2},
+                                     init_from=str(tmp_path / "start.safetensors"),
+                                     schedule={"name": "constant", "warmup_steps": 0}))
+    torch.manual_seed(0)
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    pretrained = {n for n, _ in model.named_parameters() if n.startswith("backbone.")}
+    opt = build_optimizer(model, cfg.optim, pretrained=pretrained)
+    sched = build_scheduler(opt, cfg.schedule, cfg.optim.lr, 10)
+    assert opt.param_groups[-1].get("frozen_steps") is None  # the logged lr is one that trains
+    task = model.tasks["seq2seq"]
+    for step in range(3):
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        batch = task.collate([task.train_dataset()[i] for i in range(8 * step, 8 * step + 8)])
+        opt.zero_grad()
+        model("seq2seq", batch)[0].backward()
+        opt.step()
+        sched.step()
+        moved = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])}
+        if step < 2:
+            assert moved and not moved & pretrained, step
+        else:
+            assert pretrained <= moved
+
+
+def test_freeze_pretrained_steps_in_a_run(tmp_path):
+    """In a run the held parameters are what ``init_from`` loaded: a run that loads every tensor
+    and holds them for all its steps ends with the file's weights; without the hold it moves.
+    Without init_from the setting changes nothing, bit for bit (one recipe for both starts)."""
+    run(tiny_config(tmp_path / "a"))
+    run(tiny_config(tmp_path / "s", optim={"freeze_pretrained_steps": 8}))
+    assert train_losses(tmp_path / "a" / "run") == train_losses(tmp_path / "s" / "run")
+    start = str(Checkpointer(tmp_path / "a" / "run", 1, Env(0, 1, 0, None, False)).latest() / "model.safetensors")
+    held = run(tiny_config(tmp_path / "b", init_from=start, optim={"freeze_pretrained_steps": 8}))
+    free = run(tiny_config(tmp_path / "c", init_from=start))
+    assert held.status == free.status == "finished"
+    a, b, c = (final_weights(tmp_path / d / "run") for d in "abc")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+
+
 def test_schedules():
     from foundation.engine.config import ScheduleConfig
 
