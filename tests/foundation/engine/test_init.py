@@ -110,6 +110,16 @@ def test_best_rq_run_into_asr_loads_the_front_end_only(tmp_path):
     assert set(report.skipped) == {f"heads.asr.cmvn.{k}" for k in ("frames", "mean", "std")}
     assert {"heads.best_rq.out.weight", "heads.best_rq.quantizer.codebook"} <= set(report.unused)
     assert "skipped 3" in lines[0]
+    # optim.freeze_pretrained_steps holds exactly what was loaded: the encoder and its front end,
+    # while the predictor, joint network and CTC layer train
+    from foundation.engine.config import OptimConfig
+    from foundation.engine.optim import param_groups
+
+    names = {id(p): n for n, p in asr.named_parameters()}
+    groups = param_groups(asr, OptimConfig(freeze_pretrained_steps=5), set(report.loaded))
+    held = {names[id(p)] for g in groups if g.get("frozen_steps") == 5 for p in g["params"]}
+    assert held == {n for n in names.values() if n.startswith(("backbone.", "heads.asr.frontend."))}
+    assert any(n.startswith("heads.asr.predictor") for n in set(names.values()) - held)
 
 
 def test_vl_pretraining_run_into_vqa_loads_the_shared_embedding(tmp_path):
