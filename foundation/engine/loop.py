@@ -121,8 +121,8 @@ class Trainer:
         self.wrapped = distributed.wrap(self.model, env, cfg.train.strategy, find_unused=len(specs) > 1)
         if cfg.train.compile:
             self.wrapped = torch.compile(self.wrapped)
-        report = self.model.init_report
-        pretrained = set(report.loaded) if report is not None and cfg.optim.freeze_pretrained_steps else set()
+        report = self.model.init_report  # what optim.freeze_pretrained_steps holds
+        pretrained = set(report.loaded) if report is not None else set()
         self.optimizer = build_optimizer(self.model, cfg.optim, pretrained=pretrained)
         self.scheduler = build_scheduler(self.optimizer, cfg.schedule, cfg.optim.lr, cfg.train.steps)
         self.scaler = torch.amp.GradScaler("cuda") if cfg.train.precision == "fp16" else None
