@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from foundation.embed import ViTFrontEnd
+from foundation_tasks.vision_common.pixels import patch_pixels
 from foundation_tasks.vision_common.tokenizer import FrozenTokenizer
 
 
@@ -80,15 +81,6 @@ class MIMHead(MaskedImageModel):
         return loss, {"mim_acc": (logits.argmax(-1) == ids).float().mean().detach()}
 
 
-def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """(B, C, H, W) -> (B, N, p*p*C), patches in row-major grid order (the tokens' order), each
-    patch's values as (row, column, channel) like MAE's ``patchify``."""
-    b, c, h, w = images.shape
-    p = patch_size
-    x = images.reshape(b, c, h // p, p, w // p, p)
-    return torch.einsum("bchpwq->bhwpqc", x).reshape(b, (h // p) * (w // p), p * p * c)
-
-
 class PixelMIMHead(MaskedImageModel):
     def __init__(self, dim: int, img_size: int, patch_size: int, pos_init: str = "trunc_normal",
                  norm_pix: bool = True, in_chans: int = 3):
@@ -100,10 +92,7 @@ class PixelMIMHead(MaskedImageModel):
     def targets(self, images: torch.Tensor) -> torch.Tensor:
         """(B, N, p*p*C) patch pixels; with ``norm_pix`` each patch to zero mean, unit variance
         (MAE: a target of local contrast, not of absolute colour)."""
-        t = patchify(images.float(), self.patch_size)
-        if self.norm_pix:
-            t = (t - t.mean(-1, keepdim=True)) / (t.var(-1, keepdim=True) + 1e-6).sqrt()
-        return t
+        return patch_pixels(images, self.patch_size, self.norm_pix)
 
     def masked_pixels(self, backbone: nn.Module, images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.pixel_head(self.masked_hidden(backbone, images, mask)).float()

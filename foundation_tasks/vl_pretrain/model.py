@@ -1,8 +1,9 @@
 """BEiT-3's masked data modeling head: predict masked text tokens (MLM) and the visual
-tokens of masked patches (MIM) from the multiway backbone's outputs, cross-entropy each.
+tokens of masked patches (MIM) from the multiway backbone's outputs, cross-entropy each (or,
+with the ``pixels`` target, the masked patches' normalised pixels, mean squared error).
 
 The MLM output is tied to the text embedding (as BERT, plus a bias); the MIM output is a
-Linear over the visual vocabulary. A BEiT-3 has one of each, so the text, image and pair
+Linear over the visual vocabulary (or onto a patch's pixels). A BEiT-3 has one of each, so the text, image and pair
 heads of a model share them (through ``VLTask.shared``) as they share the embedding."""
 from __future__ import annotations
 
@@ -59,10 +60,13 @@ class MDMHead(nn.Module):
     def forward(self, backbone: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:
         loss, logs = 0.0, {}
         for name, (logits, targets) in self.predict(backbone, batch).items():
-            part = F.cross_entropy(logits.float(), targets)
+            if targets.is_floating_point():  # the pixels target
+                part = F.mse_loss(logits.float(), targets)
+            else:
+                part = F.cross_entropy(logits.float(), targets)
+                logs[f"{name}_acc"] = (logits.argmax(-1) == targets).float().mean().detach()
             loss = loss + part
             logs[f"{name}_loss"] = part.detach()
-            logs[f"{name}_acc"] = (logits.argmax(-1) == targets).float().mean().detach()
         return loss, logs
 
     def no_weight_decay(self) -> list[str]:

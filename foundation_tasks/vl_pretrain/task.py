@@ -41,6 +41,7 @@ class VLPretrainConfig(VLConfig):
     image_mask_ratio: float = 0.4  # block-wise (BEiT)
     min_mask_block: Optional[int] = None  # patches; default min(16, masked patches // 4) (BEiT: 16 on 14 x 14)
     visual_tokenizer: str = "random_projection"  # | vq_tokenizer (a foundation_tasks/vq_tokenizer run, BEiT v2's VQ-KD)
+    #   | pixels (no ids: the masked patches' normalised pixels, MAE / SimMIM)
     visual_tokenizer_path: Optional[str] = None  # vq_tokenizer: its model.safetensors
     visual_vocab_size: int = 8192  # random_projection: ids, code size and seed
     visual_code_dim: int = 32
@@ -72,6 +73,12 @@ class VLPretrainConfig(VLConfig):
 class VLPretrain(VLTask):
     Config = VLPretrainConfig
     primary_metric = "accuracy"
+
+    @classmethod
+    def primary(cls, config: VLPretrainConfig) -> tuple[str, bool]:
+        if config.kind == "image" and config.visual_tokenizer == "pixels":
+            return "mim_pix_loss", False
+        return cls.primary_metric, True
 
     def check(self) -> None:
         super().check()

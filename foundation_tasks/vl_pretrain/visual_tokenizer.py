@@ -12,7 +12,11 @@ modeling. Chosen by name (``visual_tokenizer`` in the config, ``build_visual_tok
   unit codewords. Nothing is learned; it is a pure function of (seed, sizes), so the
   demo needs no tokenizer training run.
 
-Neither is part of the module tree of a head: not trained, not saved with the weights.
+* ``pixels``: no ids; each masked patch's pixels, normalised per patch (MAE's
+  ``norm_pix_loss``), regressed with mean squared error (SimMIM / MAE instead of BEiT). The
+  ids above describe a patch mostly by its colour; this target is its local structure.
+
+None is part of the module tree of a head: not trained, not saved with the weights.
 """
 from __future__ import annotations
 
@@ -24,8 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from foundation.config import ConfigError
+from foundation_tasks.vision_common.pixels import patch_pixels
 
-VISUAL_TOKENIZERS = ("random_projection", "vq_tokenizer")
+VISUAL_TOKENIZERS = ("random_projection", "vq_tokenizer", "pixels")
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
@@ -68,8 +73,23 @@ class VQKDTokenizer(nn.Module):
         return self._tokenizer[0].to(images.device)(x)
 
 
+class PixelTarget(nn.Module):
+    """Normalised patch pixels (B, N, p*p*C), float where the tokenizers give integer ids;
+    ``vocab_size`` is the prediction's width."""
+
+    def __init__(self, patch_size: int, in_chans: int = 3):
+        super().__init__()
+        self.patch_size, self.vocab_size = patch_size, patch_size * patch_size * in_chans
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return patch_pixels(images, self.patch_size)
+
+
 def build_visual_tokenizer(cfg: Any) -> nn.Module:
-    """The tokenizer a ``vl_pretrain`` config names; ``vocab_size`` is its number of ids."""
+    """The target a ``vl_pretrain`` config names; ``vocab_size`` is the width of the MIM
+    output (ids, or pixels per patch)."""
+    if cfg.visual_tokenizer == "pixels":
+        return PixelTarget(cfg.patch_size)
     if cfg.visual_tokenizer == "random_projection":
         return RandomProjectionTokenizer(cfg.patch_size, vocab_size=cfg.visual_vocab_size, code_dim=cfg.visual_code_dim,
                                          seed=cfg.visual_seed)

@@ -18,15 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from foundation_tasks.vision_common.front_end import vision_encoder
+from foundation_tasks.vision_common.pixels import patch_pixels
 from foundation_tasks.vision_common.transforms import unnormalize
-
-
-def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
-    """(B, C, H, W) -> (B, H/p * W/p, p*p*C), patches in raster order, pixels (row, col, channel)."""
-    B, C, H, W = images.shape
-    p = patch_size
-    x = images.reshape(B, C, H // p, p, W // p, p)
-    return x.permute(0, 2, 4, 3, 5, 1).reshape(B, (H // p) * (W // p), p * p * C)
 
 
 class PixelTeacher(nn.Module):
@@ -44,10 +37,7 @@ class PixelTeacher(nn.Module):
 
     @torch.no_grad()
     def forward(self, images: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        x = patchify(images, self.patch_size)
-        if self.norm_pix:
-            x = (x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-6).sqrt()
-        return x
+        return patch_pixels(images, self.patch_size, self.norm_pix)
 
 
 class ClipTeacher(nn.Module):

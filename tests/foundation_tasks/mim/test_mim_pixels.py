@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from foundation.config import ConfigError
 from foundation.engine.config import best_metric, resolve
 from foundation.engine.model import ModelConfig, MultiTaskModel
-from foundation_tasks.mim.model import patchify
+from foundation_tasks.vision_common.pixels import patchify
 from support import overfit_losses
 
 IMAGE = {"img_size": 16, "patch_size": 4}

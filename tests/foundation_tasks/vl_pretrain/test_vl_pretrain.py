@@ -166,6 +166,36 @@ def test_vq_tokenizer_is_pluggable(monkeypatch):
         build(VLPretrainConfig, {"kind": "pair", "visual_tokenizer": "vq_tokenizer", **FRONT})
 
 
+def test_pixel_target_regresses_normalised_patches(demo, tmp_path):
+    """visual_tokenizer: pixels: the masked patches' pixels, each patch standardised (MAE's
+    norm_pix_loss), by mean squared error; the image entry then selects its best checkpoint
+    by that error and the pair entry still reports its MLM accuracy."""
+    from foundation.engine.loop import train
+
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": pretrain_tasks(demo, visual_tokenizer="pixels")})
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    head, task = model.heads["image"], model.tasks["image"]
+    assert head.mim.proj.out_features == 8 * 8 * 3 and list(head.mim.visual_tokenizer.state_dict()) == []
+    assert task.primary(task.cfg) == ("mim_pix_loss", False)
+    assert model.tasks["pair"].primary(model.tasks["pair"].cfg) == ("accuracy", True)
+    batch = task.collate([task.train_dataset()[i] for i in range(4)])
+    (pred, target), = head.predict(model.backbone, batch).values()
+    r, c = divmod(int(batch["vision_mask"][0].nonzero()[0]), 4)  # image 0's first masked patch: target 0
+    patch = batch["images"][0, :, 8 * r:8 * r + 8, 8 * c:8 * c + 8].permute(1, 2, 0).reshape(-1)  # (row, col, channel)
+    assert torch.allclose(target[0], (patch - patch.mean()) / (patch.var() + 1e-6).sqrt(), atol=1e-5)
+    assert target.shape == (int(batch["vision_mask"].sum()), 192) and pred.shape == target.shape
+    loss, logs = head(model.backbone, batch)
+    assert "mim_acc" not in logs and torch.allclose(loss, torch.nn.functional.mse_loss(pred, target))
+
+    raw = {"backbone": BACKBONE, "tasks": pretrain_tasks(demo, visual_tokenizer="pixels"), "output_dir": str(tmp_path),
+           "run_name": "pix", "train": {"steps": 4, "batch_size": 4}, "eval": {"max_batches": 1},
+           "log": {"progress": False, "writers": ["jsonl"]}, "optim": {"lr": 1e-3}}
+    result = train(*resolve(raw))
+    assert result.status == "finished"
+    assert {"image/mim_pix_loss", "pair/mim_pix_loss", "pair/mlm_accuracy", "pair/accuracy"} <= set(result.metrics)
+    assert "image/accuracy" not in result.metrics and 0 < result.metrics["image/mim_pix_loss"] < 3
+
+
 def test_caption_reader_errors_name_the_record(vl_demo_copy):
     from foundation_tasks.vl_pretrain.data import read_captions
 

@@ -62,7 +62,8 @@ def test_tokenizer_with_open_clip_teacher(vision_data, tmp_path, vision_config, 
 def test_pixel_teacher_norm_pix():
     """norm_pix targets are each patch's pixels standardised: zero mean, unit variance,
     blind to the patch's brightness and contrast."""
-    from foundation_tasks.vq_tokenizer.teacher import PixelTeacher, patchify
+    from foundation_tasks.vq_tokenizer.teacher import PixelTeacher
+    from foundation_tasks.vision_common.pixels import patchify
 
     images = torch.randn(2, 3, 16, 16)
     plain, normed = PixelTeacher(4)(images, (4, 4)), PixelTeacher(4, norm_pix=True)(images, (4, 4))
