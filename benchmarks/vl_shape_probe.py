@@ -54,6 +54,25 @@ def image_features(embed, backbone, transform, images: list, batch: int = 250) -
     return torch.cat(out)
 
 
+def image_side(run: str) -> dict:
+    """A VL run's image side: the BEiT-3 embedding and backbone of its VQA / NLVR2 task, or of
+    the first task of a pretraining run (``vl_pretrain``) that takes images, and its eval transform."""
+    from foundation import checkpoint
+    from foundation.engine.predict import NoPredictor
+    from foundation.engine.run_state import model_file
+    from foundation_tasks.vl_common.beit3 import BEiT3Embedding
+
+    path = model_file(run)
+    model = checkpoint.load(path).eval()
+    tids = [t for t, head in getattr(model, "heads", {}).items()
+            if isinstance(getattr(head, "embed", None), BEiT3Embedding) and getattr(head.embed, "patch_embed", None)]
+    if not tids:
+        raise NoPredictor(f"{path} is not a VL run with images (VQA, NLVR2 or vl_pretrain; no BEiT-3 image embedding)")
+    task = model.tasks[tids[0]]
+    return {"task": tids[0], "embed": model.heads[tids[0]].embed, "backbone": model.backbone,
+            "transform": task.image_transform(False), "img_size": task.cfg.img_size}
+
+
 def untrained_like(path: str, seed: int):
     """The first run's model at initialisation: its config, fresh weights drawn with ``seed``."""
     from foundation import checkpoint
@@ -75,7 +94,7 @@ def probe_model(name: str, embed, backbone, transform, train, test, seed: int) -
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories / model files of VQA or NLVR2 runs")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories / model files of VQA, NLVR2 or VL pretraining runs")
     p.add_argument("--train", type=int, default=1500, help="probe training scenes (default 1500)")
     p.add_argument("--test", type=int, default=500, help="held-out scenes (default 500)")
     p.add_argument("--object-size", type=float, default=SceneSpec().radius, help="object radius, as the generator's")
@@ -83,21 +102,15 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     from foundation.checkpoint import CheckpointError
     from foundation.config import ConfigError
-    from foundation.engine.predict import NoPredictor, load_predictor
+    from foundation.engine.predict import NoPredictor
 
     try:
-        predictors = [(run, load_predictor(run, device="cpu")) for run in a.runs]
+        sides = [(run, image_side(run)) for run in a.runs]
     except (CheckpointError, ConfigError, NoPredictor, FileNotFoundError, ValueError) as e:  # as vl_breakdown
         print(f"vl_shape_probe: {e}", file=sys.stderr)
         return 2
-    from foundation_tasks.vl_common.beit3 import BEiT3Embedding
-
-    not_vl = [run for run, pr in predictors if not isinstance(getattr(pr.head, "embed", None), BEiT3Embedding)]
-    if not_vl:
-        print(f"vl_shape_probe: {not_vl[0]} is not a VQA / NLVR2 run (its head has no BEiT-3 embedding)", file=sys.stderr)
-        return 2
-    size = predictors[0][1].meta["img_size"]
-    if any(pr.meta["img_size"] != size for _, pr in predictors):
+    size = sides[0][1]["img_size"]
+    if any(side["img_size"] != size for _, side in sides):
         print("vl_shape_probe: the runs take different image sizes; probe them one at a time", file=sys.stderr)
         return 2
     if min(a.train, a.test) < 3:
@@ -109,12 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # an object size the generator refuses
         print(f"vl_shape_probe: --object-size: {e}", file=sys.stderr)
         return 2
-    first = predictors[0][1]
+    first = sides[0][1]
     fresh = untrained_like(a.runs[0], a.seed)
-    tid = next(t for t, head in fresh.heads.items() if isinstance(getattr(head, "embed", None), BEiT3Embedding))
-    rows = [probe_model("same architecture, untrained", fresh.heads[tid].embed, fresh.backbone, first.transform,
-                        train, test, a.seed)]
-    rows += [probe_model(run, pr.head.embed, pr.backbone, pr.transform, train, test, a.seed) for run, pr in predictors]
+    rows = [probe_model("same architecture, untrained", fresh.heads[first["task"]].embed, fresh.backbone,
+                        first["transform"], train, test, a.seed)]
+    rows += [probe_model(run, s["embed"], s["backbone"], s["transform"], train, test, a.seed) for run, s in sides]
     print(f"linear probes on frozen image features, {a.train} / {a.test} one-object scenes of {size} px")
     print(f"| model | shape (3-way, chance {100 / len(SHAPES):.1f}) | colour (6-way, chance {100 / len(COLORS):.1f}) |")
     print("|---|---|---|")

@@ -681,7 +681,7 @@ def test_vl_shape_probe_labels_and_table(vl_runs, classifier, capsys):
     assert all(0 <= float(x) <= 100 for r in rows for x in r.strip("| ").split(" | ")[1:])
     assert shape_probe.main([str(vl_runs["vqa"] / "missing")]) == 2
     assert shape_probe.main([str(classifier)]) == 2  # not a VL model: one line, no traceback
-    assert "not a VQA / NLVR2 run" in capsys.readouterr().err
+    assert "not a VL run with images" in capsys.readouterr().err
 
 
 def test_optimizer_step_benchmark_rows(vl_runs, classifier, capsys):
