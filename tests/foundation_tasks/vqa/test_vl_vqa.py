@@ -107,6 +107,21 @@ def test_demo_layouts_and_determinism(demo, write_vl_demo, vl_demo_sizes):
         assert (demo / rel).read_bytes() == (again / rel).read_bytes(), rel
 
 
+def test_demo_text_corpus_speaks_the_tasks_words(tmp_path):
+    """The pretraining text holds questions and statements as well as captions, so masked
+    language modeling sees every word the VQA questions and NLVR2 statements use (a word it
+    never sees ends up as every other unseen word's twin); held-out phrasings stay out."""
+    from foundation_tasks.vl_common.demo import SceneSpec, text_corpus
+
+    text_corpus(tmp_path, "train", 3000, 0, SceneSpec())
+    lines = (tmp_path / "text/train.txt").read_text().splitlines()
+    assert len(lines) == 3000 and not any(is_held_out(t) for t in lines)
+    assert sum(t.endswith("?") for t in lines) > 300 and sum(t.startswith("The left image") for t in lines) > 30
+    words = lambda texts: {w for t in texts for w in re.findall(r"[a-z]+", re.sub(r"\{[a-z]+\}[a-z]*", "", t).lower())}  # noqa: E731
+    task_words = words(t for table in (QUESTION_TEMPLATES, STATEMENTS) for seen, _ in table.values() for t in seen)
+    assert len(task_words) > 50 and task_words <= words(lines)
+
+
 def test_vqa_reader_errors_name_the_record(demo, vl_demo_copy, tmp_path):
     from foundation_tasks.vqa.data import VQADataset, read_answer_list, read_split
 
