@@ -232,6 +232,10 @@ def load_init_from(model: MultiTaskModel, path: str | Path, expert: str | None =
     if nonfinite:  # they would turn every weight non-finite at the first step
         raise ConfigError(f"field 'init_from': {path}: {len(nonfinite)} tensor(s) hold NaN or inf "
                           f"({', '.join(nonfinite[:5])}); these weights cannot be trained from")
+    if not fitted:  # a run would silently start from scratch: an unrelated file, or one renamed by hand
+        names = ", ".join(list(state)[:3]) + (", ..." if len(state) > 3 else "")
+        raise ConfigError(f"field 'init_from': {path}: none of its {len(state)} tensors ({names}) is a tensor of "
+                          "this model (backbone.* / heads.<task>.*); expected a run's model.safetensors")
     result = model.load_state_dict(fitted, strict=False)
     assert not result.unexpected_keys, result.unexpected_keys
     report.loaded = list(fitted)

@@ -77,6 +77,16 @@ def test_a_classifier_of_another_size_is_skipped_not_an_error(tmp_path):
             assert torch.equal(v, same[k]), k  # fc_norm too: every tensor whose name and shape fit
 
 
+def test_a_file_with_nothing_for_this_model_is_an_error(tmp_path):
+    """A file none of whose tensors this model takes would start the run from scratch
+    unannounced: one line naming the field, the file and what it holds instead."""
+    save_file({"heads.image.embed.cls_token": torch.zeros(1, 1, 16), "encoder.weight": torch.zeros(3)},
+              str(tmp_path / "other.safetensors"))
+    with pytest.raises(ConfigError, match=r"field 'init_from': .*other\.safetensors: none of its 2 tensors "
+                                          r"\(encoder\.weight, heads\.image\.embed\.cls_token\)"):
+        load_init_from(build(PLAIN, [classification()]), tmp_path / "other.safetensors", log=lambda s: None)
+
+
 def test_relative_position_table_resized_through_the_task_hook(tmp_path):
     rel = {**PLAIN, "rel_pos": "2d", "rel_pos_prefix": 1}
     small = build({**rel, "rel_pos_grid": [4, 4]}, [classification()], seed=1)
