@@ -3,8 +3,9 @@ tokens of masked patches (MIM) from the multiway backbone's outputs, cross-entro
 with the ``pixels`` target, the masked patches' normalised pixels, mean squared error).
 
 The MLM output is tied to the text embedding (as BERT, plus a bias); the MIM output is a
-Linear over the visual vocabulary (or onto a patch's pixels). A BEiT-3 has one of each, so the text, image and pair
-heads of a model share them (through ``VLTask.shared``) as they share the embedding."""
+Linear over the visual vocabulary (or onto a patch's pixels). A BEiT-3 has one of each, so
+the text, image and pair heads of a model share them (through ``VLTask.shared``) as they
+share the embedding."""
 from __future__ import annotations
 
 import torch
