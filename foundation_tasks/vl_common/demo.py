@@ -521,10 +521,10 @@ def main(argv: list[str] | None = None) -> int:
         questions_per_image=a.questions_per_image, nlvr2_train=a.nlvr2_train, nlvr2_dev=a.nlvr2_dev,
         text_lines=a.text_lines, scene=scene))
     print(f"wrote {a.out} in {seconds:.1f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
-    print(f"  {a.out}/vqa      VQA v2 layout (train2014 / val2014)     -> configs/vl/tiny_vqa_*.yaml")
-    print(f"  {a.out}/nlvr2    NLVR2 layout (train / dev)              -> configs/vl/tiny_nlvr2_*.yaml")
+    print(f"  {a.out}/vqa      VQA v2 layout (train2014 / val2014)     -> configs/vl/tiny_vqa.yaml")
+    print(f"  {a.out}/nlvr2    NLVR2 layout (train / dev)              -> configs/vl/tiny_nlvr2.yaml")
     print(f"  {a.out}/coco     COCO captions layout (images in vqa/)    -> configs/vl/tiny_pretrain.yaml")
-    print(f"  {a.out}/coco     COCO instances (objects in vqa/ images)  -> configs/vl/tiny_vqa_*.yaml")
+    print(f"  {a.out}/coco     COCO instances (objects in vqa/ images)  -> configs/vl/tiny_vqa.yaml")
     print(f"  {a.out}/text     text corpus, one sentence per line      -> configs/vl/tiny_pretrain.yaml")
     return 0
 
