@@ -412,14 +412,26 @@ def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, spec:
                 break
         else:
             raise ValueError(f"NLVR2 pair {k}: no true and false statement found")
-        order = [True, False] if rng.random() < 0.5 else [False, True]
-        for j, truth in enumerate(order):
-            rec = {"identifier": f"{prefix}-{j}", "sentence": pair[0 if truth else 1], "label": str(truth),
-                   "left_url": "", "right_url": "", "writer": "demo", "synset": "", "query": "",
-                   "validation": {}, "extra_validations": {}}
-            if name == "train":
-                rec["directory"] = directory
-            records.append(rec)
+        records += nlvr2_records(name, prefix, directory, pair, rng)
+    return write_nlvr2_json(out, name, records)
+
+
+def nlvr2_records(name: str, prefix: str, directory: int, pair: tuple[str, str], rng) -> list[dict]:
+    """The two NLVR2 records of an image pair (its true and false statement, in a random order)."""
+    records = []
+    order = [True, False] if rng.random() < 0.5 else [False, True]
+    for j, truth in enumerate(order):
+        rec = {"identifier": f"{prefix}-{j}", "sentence": pair[0 if truth else 1], "label": str(truth),
+               "left_url": "", "right_url": "", "writer": "demo", "synset": "", "query": "",
+               "validation": {}, "extra_validations": {}}
+        if name == "train":
+            rec["directory"] = directory
+        records.append(rec)
+    return records
+
+
+def write_nlvr2_json(out: Path, name: str, records: list[dict]) -> int:
+    """``out/nlvr2/data/<name>.json``, json lines as NLVR2's; returns the number of records."""
     path = out / "nlvr2" / "data" / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in records))

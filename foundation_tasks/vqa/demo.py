@@ -1,5 +1,5 @@
-"""A second VQA demo set in another style than ``foundation data make vl``, for checking
-that the tiny VQA recipe holds on data it was not tuned on.
+"""A second VQA and NLVR2 demo set in another style than ``foundation data make vl``, for
+checking that the tiny VQA and NLVR2 recipes hold on data they were not tuned on.
 
     foundation data make vqa-shifted --out data/vqa-shifted            (~10 s)
 
@@ -10,8 +10,13 @@ background; questions of the same five families (count, colour, shape, existence
 in wordings of their own, and no object annotations (the recipe's per-patch object labels
 have nothing to read). Written in the VQA v2 layout: ``DIR/vqa/{train2014,val2014}/COCO_*.jpg``,
 ``v2_OpenEnded_mscoco_*_questions.json`` and ``v2_mscoco_*_annotations.json``; half of the
-validation questions use held-out wordings (``question_type`` starting ``held-out:``). A pure
-function of (seed, split, index), like the other demo sets.
+validation questions use held-out wordings (``question_type`` starting ``held-out:``).
+
+NLVR2 (``DIR/nlvr2``, the NLVR2 layout as ``foundation data make vl`` writes it): pairs of
+such scenes, each with one true and one false statement of real NLVR2's kinds (existence,
+cardinality, coordination over the two pictures, comparison, total, spatial), in wordings of
+their own (digits for numbers, "picture" for image), half of the dev pairs in held-out ones.
+A pure function of (seed, split, index), like the other demo sets.
 """
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from foundation.engine.demo_cli import demo_parser, free_out, timed
-from foundation_tasks.vl_common.demo import vqa_entry, write_vqa_files
+from foundation_tasks.vl_common.demo import nlvr2_records, vqa_entry, write_nlvr2_json, write_vqa_files
 from foundation_tasks.vl_common.scenes import count, unique_by  # any objects with .color / .shape / .name
 
 DEMO_DATA = {"name": "vqa-shifted", "folder": "vqa-shifted"}  # foundation data make vqa-shifted
@@ -159,6 +164,100 @@ def human_answers(rng, family: str, right: str) -> list[str]:
     return [right if rng.random() < 0.85 else wrong() for _ in range(10)]
 
 
+# NLVR2 statement kinds (Suhr et al. 2019, Table 3) as ``foundation data make vl`` has them, in wordings of
+# their own: (training wordings, held-out wordings). {x}: {n} objects of a noun phrase; {xp} / {xs}: its
+# plural / singular; {a} / {b}: objects by colour + shape; {verb}: "appears" / "appear" as {n} needs.
+STATEMENTS = {
+    "exist": (["A {xs} appears in the {side} picture.", "The {side} picture features a {xs}."],
+              ["The {side} picture has a {xs} in it."]),
+    "one": (["Just one picture features a {xs}.", "A {xs} appears in one picture but not in the other."],
+            ["Only a single picture has a {xs} in it."]),
+    "both": (["Each picture features a {xs}.", "A {xs} appears in both pictures."],
+             ["Both pictures have a {xs} in them."]),
+    "atleast": (["The {side} picture features {n} or more {x}.", "No fewer than {n} {x} are seen in the {side} picture."],
+                ["The {side} picture has {n} or more {x} in it."]),
+    "exact": (["The {side} picture features precisely {n} {x}.", "Precisely {n} {x} {verb} in the {side} picture."],
+              ["The {side} picture has precisely {n} {x} in it."]),
+    "more": (["The left picture features more {xp} than the right one.",
+              "The right picture features fewer {xp} than the left one."],
+             ["Fewer {xp} are seen in the right picture than in the left one."]),
+    "total": (["Across both pictures, {n} {x} {verb}.", "The pictures feature {n} {x} altogether."],
+              ["Altogether the pictures have {n} {x} in them."]),
+    "spatial": (["In the {side} picture, the {a} sits {rel} the {b}.", "The {side} picture puts the {a} {rel} the {b}."],
+                ["The {a} sits {rel} the {b} in the {side} picture."]),
+}
+COUNTING = ("atleast", "exact", "more", "total")  # a false statement names objects the pair has, when it can
+PHRASES = ([(c, s) for c in COLORS for s in SHAPES], [(None, s) for s in SHAPES], [(c, None) for c in COLORS])
+
+
+def noun(color: str | None, shape: str | None, n: int) -> str:
+    """``n`` objects of ``color`` / ``shape``, as the count questions name them: "orange star", "rings", "cyan items"."""
+    word = f"{color} {shape}" if color and shape else shape or f"{color} item"
+    return word if n == 1 else word + "s"
+
+
+def side_of(a: Thing, b: Thing, rel: str) -> bool | None:
+    """Whether ``a`` is ``rel`` (left, right, above, below) of ``b``; None when too close to say."""
+    d = {"left": b.x - a.x, "right": a.x - b.x, "above": b.y - a.y, "below": a.y - b.y}[rel]
+    return None if abs(d) < max(a.r, b.r) else d > 0
+
+
+def statement(rng, left: list[Thing], right: list[Thing], held_out: bool) -> tuple[str, str] | None:
+    """A true and a false statement about the pair that differ only in the objects they name (so
+    the text alone is at chance), or None when this draw has no such two."""
+    kind = str(rng.choice(list(STATEMENTS)))
+    templates = STATEMENTS[kind][1 if held_out else 0]
+    t = templates[int(rng.integers(len(templates)))]
+    side = "left" if rng.random() < 0.5 else "right"
+    scene = left if side == "left" else right
+    if kind == "spatial":
+        rel = str(rng.choice(list(RELATIONS)))
+        named = unique_by(scene, "name")
+        fills = [(a.name, b.name, side_of(a, b, rel)) for a in named for b in named if a is not b]
+        texts = {v: [t.format(side=side, a=a, rel=RELATIONS[rel], b=b) for a, b, truth in fills if truth is v]
+                 for v in (True, False)}
+    else:
+        n = int(rng.integers(2, 4)) if kind == "atleast" else int(rng.integers(1, 5 if kind == "total" else 4))
+        truths, present = {}, {}
+        for color, shape in PHRASES[int(rng.integers(3))]:
+            cl, cr, cs = count(left, color, shape), count(right, color, shape), count(scene, color, shape)
+            truths[color, shape] = {"exist": cs > 0, "one": (cl > 0) != (cr > 0), "both": cl > 0 and cr > 0,
+                                    "atleast": cs >= n, "exact": cs == n, "more": cl > cr, "total": cl + cr == n}[kind]
+            present[color, shape] = (cs if kind in ("atleast", "exact") else cl + cr) > 0
+        if kind in COUNTING and any(present[p] and not v for p, v in truths.items()):
+            truths = {p: v for p, v in truths.items() if v or present[p]}
+        texts = {v: [t.format(side=side, n=n, verb="appears" if n == 1 else "appear", x=noun(*p, n),
+                              xp=noun(*p, 2), xs=noun(*p, 1)) for p, truth in truths.items() if truth == v]
+                 for v in (True, False)}
+    if not texts[True] or not texts[False]:
+        return None
+    return tuple(texts[v][int(rng.integers(len(texts[v])))] for v in (True, False))
+
+
+def write_nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int) -> int:
+    _, _, code = SPLITS[split]
+    name = "train" if split == "train" else "dev"
+    records = []
+    for k in range(n_pairs):
+        rng = np.random.default_rng([seed, 10 + code, k, 7])
+        scenes = [make_scene(rng), make_scene(rng)]
+        directory = k % 100
+        img_dir = out / "nlvr2" / (f"images/train/{directory}" if name == "train" else "dev")
+        img_dir.mkdir(parents=True, exist_ok=True)
+        prefix = f"{name}-{k}-0"
+        for side, things in enumerate(scenes):
+            render(things, size, rng).save(img_dir / f"{prefix}-img{side}.png")
+        held_out = name == "dev" and rng.random() < 0.5
+        for _ in range(1000):
+            pair = statement(rng, *scenes, held_out)
+            if pair is not None:
+                break
+        else:
+            raise ValueError(f"NLVR2 pair {k}: no true and false statement found")
+        records += nlvr2_records(name, prefix, directory, pair, rng)
+    return write_nlvr2_json(out, name, records)
+
+
 def write_split(out: Path, split: str, n_images: int, per_image: int, seed: int, size: int) -> int:
     coco_split, first_id, code = SPLITS[split]
     (out / "vqa" / coco_split).mkdir(parents=True, exist_ok=True)
@@ -194,17 +293,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-images", type=int, default=2000)
     p.add_argument("--val-images", type=int, default=300)
     p.add_argument("--questions-per-image", type=int, default=5)
+    p.add_argument("--nlvr2-train", type=int, default=2000, help="training image pairs (two statements each)")
+    p.add_argument("--nlvr2-dev", type=int, default=300)
     a = p.parse_args(argv)
     if a.image_size < 16:
         p.error("--image-size must be >= 16")
     if not free_out("vqa-shifted", a.out, a.force):
         return 2
     counts, seconds = timed("vqa-shifted", lambda: {
-        split: write_split(a.out, split, n, a.questions_per_image, a.seed, a.image_size)
-        for split, n in (("train", a.train_images), ("val", a.val_images))})
-    print(f"wrote {a.out} in {seconds:.1f} s: {counts['train']} train and {counts['val']} val questions")
-    print(f"  {a.out}/vqa   VQA v2 layout, no object annotations -> configs/vl/tiny_vqa.yaml "
+        **{split: write_split(a.out, split, n, a.questions_per_image, a.seed, a.image_size)
+           for split, n in (("train", a.train_images), ("val", a.val_images))},
+        **{f"nlvr2 {split}": write_nlvr2_split(a.out, split, n, a.seed, a.image_size)
+           for split, n in (("train", a.nlvr2_train), ("val", a.nlvr2_dev))}})
+    print(f"wrote {a.out} in {seconds:.1f} s: {counts['train']} train and {counts['val']} val questions, "
+          f"{counts['nlvr2 train']} train and {counts['nlvr2 val']} dev statements")
+    print(f"  {a.out}/vqa     VQA v2 layout, no object annotations -> configs/vl/tiny_vqa.yaml "
           f"tasks.vqa.data_dir={a.out}/vqa tasks.vqa.object_annotations=null")
+    print(f"  {a.out}/nlvr2   NLVR2 layout (train / dev)            -> configs/vl/tiny_nlvr2.yaml "
+          f"tasks.nlvr2.data_dir={a.out}/nlvr2")
     return 0
 
 

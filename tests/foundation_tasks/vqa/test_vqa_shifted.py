@@ -1,21 +1,26 @@
-"""``foundation data make vqa-shifted``: the second VQA demo set, in the VQA v2 layout our
-reader takes, sharing no colour, shape or question wording with the ``vl`` demo set the
-recipes were tuned on, without object annotations, and the same files for the same seed."""
+"""``foundation data make vqa-shifted``: the second VQA and NLVR2 demo set, in the VQA v2 and
+NLVR2 layouts our readers take, sharing no colour, shape or question / statement wording with
+the ``vl`` demo set the recipes were tuned on, without object annotations, and the same files
+for the same seed."""
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from foundation_tasks.vl_common import demo as home
 from foundation_tasks.vqa import demo as shifted
+from foundation_tasks.nlvr2.data import read_split as read_nlvr2
 from foundation_tasks.vqa.data import read_split
 
 
 def make(out: Path, seed: int = 0) -> Path:
-    assert shifted.main(["--out", str(out), "--seed", str(seed), "--train-images", "30", "--val-images", "12"]) == 0
+    assert shifted.main(["--out", str(out), "--seed", str(seed), "--train-images", "30", "--val-images", "12",
+                         "--nlvr2-train", "40", "--nlvr2-dev", "16"]) == 0
     return out / "vqa"
 
 
@@ -66,6 +71,53 @@ def test_held_out_wordings_only_in_validation(tmp_path):
 def test_same_seed_same_files(tmp_path):
     assert digest(make(tmp_path / "a")) == digest(make(tmp_path / "b"))
     assert digest(make(tmp_path / "c", seed=1)) != digest(tmp_path / "a" / "vqa")
+    assert digest(tmp_path / "a" / "nlvr2") == digest(tmp_path / "b" / "nlvr2")
+
+
+def test_nlvr2_pairs_in_the_layout_with_one_true_and_one_false_statement(tmp_path):
+    root = make(tmp_path / "a").parent / "nlvr2"
+    for split, pairs in (("train", 40), ("dev", 16)):
+        statements = read_nlvr2(root, root, split)
+        assert len(statements) == 2 * pairs
+        by_pair = {}
+        for st in statements:
+            by_pair.setdefault(st.identifier.rsplit("-", 1)[0], []).append(st)
+        for two in by_pair.values():  # the text alone is at chance: the two differ in the objects they name
+            assert sorted(st.label for st in two) == [0, 1] and two[0].left == two[1].left
+    texts = [st.sentence for split in ("train", "dev") for st in read_nlvr2(root, root, split)]
+    home_templates = {t for groups in home.STATEMENTS.values() for group in groups for t in group}
+    assert not {t for groups in shifted.STATEMENTS.values() for group in groups for t in group} & home_templates
+    words = {w.strip(".,") for t in texts for w in t.lower().split()}
+    assert not words & (set(home.COLORS) | set(home.SHAPES) | {s + "s" for s in home.SHAPES} | {"image", "images"})
+    held = [re.compile(re.sub(r"\\\{[a-z]+\\\}", ".+", re.escape(t)) + "$")  # the held-out wordings
+            for wordings in shifted.STATEMENTS.values() for t in wordings[1]]
+    train = [st.sentence for st in read_nlvr2(root, root, "train")]
+    assert not [t for t in train if any(p.match(t) for p in held)]
+    assert any(p.match(st.sentence) for st in read_nlvr2(root, root, "dev") for p in held)
+
+
+def test_nlvr2_statements_are_true_of_their_scenes():
+    """Counting statements re-checked against the scenes by a reading of their own."""
+    things = [shifted.Thing("orange", "star", 0.2, 0.5, 0.1), shifted.Thing("orange", "ring", 0.8, 0.5, 0.1)]
+    other = [shifted.Thing("cyan", "star", 0.5, 0.5, 0.1)]
+    checked = 0
+    for k in range(300):
+        pair = shifted.statement(np.random.default_rng(k), things, other, held_out=False)
+        if pair is None:
+            continue
+        for text, truth in zip(pair, (True, False)):
+            m = re.fullmatch(r"The (left|right) picture features precisely (\d) (\w+)(?: (\w+?))?s?\.", text)
+            if m:
+                scene = things if m[1] == "left" else other
+                color = m[3] if m[3] in shifted.COLORS else None
+                shape = (m[4] if m[4] else m[3]).rstrip("s")
+                shape = None if shape == "item" else shape
+                assert (shifted.count(scene, color, shape) == int(m[2])) is truth, text
+                checked += 1
+            if text.startswith("In the left picture, the orange star sits"):
+                assert ("left of" in text) is truth, text
+                checked += 1
+    assert checked >= 10
 
 
 def test_refuses_a_full_folder(tmp_path, capsys):
