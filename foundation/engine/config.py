@@ -170,7 +170,8 @@ GUARD_MODES = ("off", "warn", "recover")
 @dataclass
 class GuardConfig:
     """The stability guard (engine/guard.py): the model update measured every ``every`` steps on
-    a fixed probe batch; ``warn`` / ``recover`` when it jumps above ``factor`` x its recent median."""
+    a fixed probe batch; ``warn`` / ``recover`` when it jumps above ``factor`` x its recent median,
+    or the training loss above ``loss_factor`` x its own."""
 
     mode: str = "off"  # off (nothing measured) | warn | recover
     every: int = 10  # steps between measurements (a probe forward each: ~2 % of a tiny recipe's step at 10)
@@ -178,6 +179,7 @@ class GuardConfig:
     window: int = 20  # the recent measurements the level is the median of
     warmup: int = 5  # measurements before the guard may fire
     factor: float = 4.0  # fires above this x the level (update per unit of learning rate)
+    loss_factor: float = 2.0  # also fires when the training loss exceeds this x its recent median (0: never)
     lr_backoff: float = 0.5  # recover: the learning rate is multiplied by this, for the rest of the run
     snapshot_every: int = 10  # recover: healthy steps between in-memory snapshots to roll back to
     max_recoveries: int = 3  # recover: then the run goes on without rolling back (and may diverge)
@@ -191,6 +193,8 @@ class GuardConfig:
         _check(0 <= self.warmup, "guard.warmup", self.warmup, "must be >= 0")
         _check(self.max_recoveries >= 0, "guard.max_recoveries", self.max_recoveries, "must be >= 0")
         _check(self.factor > 1, "guard.factor", self.factor, "must be > 1")
+        _check(self.loss_factor == 0 or self.loss_factor > 1, "guard.loss_factor", self.loss_factor,
+               "must be 0 (off) or > 1")
         _check(0 < self.lr_backoff < 1, "guard.lr_backoff", self.lr_backoff, "must be in (0, 1)")
 
 

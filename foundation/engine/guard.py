@@ -19,7 +19,10 @@ to the learning rate, so the update per unit of learning rate is steady in a hea
 the lr warms up (it falls slowly); after the peak the update is divided by the peak lr, so a
 decaying schedule reads as a falling update. The guard fires when that rate exceeds
 ``guard.factor`` times the median of the last ``guard.window`` measurements (after
-``guard.warmup`` of them). ``warn`` says so in one line per
+``guard.warmup`` of them), or when a step's training loss exceeds ``guard.loss_factor`` times
+the median of its last ``guard.window`` healthy steps: the update measure misses some blow-ups
+(on the 12-layer seq2seq ladder DeepNorm's, whose update stays level while the loss climbs),
+and a rollback needs no lead. ``warn`` says so in one line per
 episode; ``recover`` rolls the model and optimizer back to the last state kept in memory
 (every ``guard.snapshot_every`` healthy steps), multiplies the learning rate by
 ``guard.lr_backoff`` for the rest of the run, and goes on. Every firing is written to the
@@ -211,6 +214,8 @@ class Stability:
         self.all_reduce = all_reduce
         self.monitor: Optional[UpdateMonitor] = None
         self.guard = Guard(cfg.factor, cfg.window, cfg.warmup)
+        # one loss level per set of tasks a step trains (train.mix: sample draws tasks whose losses differ)
+        self.loss_guards: dict[tuple, Guard] = {}
         self.snapshots: deque[Snapshot] = deque(maxlen=2)  # the older one is rolled back to
         self.recoveries = 0
         self.actions: list[dict] = []
@@ -223,22 +228,42 @@ class Stability:
         self.monitor = UpdateMonitor(self.model, task_id, probe_items(batch, self.cfg.probe_items))
         self.monitor.measure()  # the reference: the model before its first step
 
-    def after_step(self, step: int, lr: float, finite: bool) -> tuple[dict[str, float], dict]:
+    @property
+    def loss_guard_firing(self) -> bool:
+        return any(g.firing for g in self.loss_guards.values())
+
+    @property
+    def firing(self) -> bool:
+        return self.guard.firing or self.loss_guard_firing
+
+    def after_step(self, step: int, lr: float, finite: bool, loss: float = float("nan"),
+                   tasks: tuple = ()) -> tuple[dict[str, float], dict]:
+        """``loss``: the step's training loss, the same on every rank (the trainer all-reduces it);
+        ``tasks``: the tasks it trained."""
         if self.monitor is None:
             return {}, {}
         record: dict[str, float] = {}
         fired = None
         if not finite:  # a skipped step: the model did not move, the optimizer state may have
             fired = {"step": step, "update": float("nan"), "rate": float("nan"), "level": float("nan"),
-                     "new_episode": not self.guard.firing, "nonfinite": True} if self.cfg.mode == "recover" else None
-        elif step % self.cfg.every == 0:
-            record = self.monitor.measure()
-            if "update/output" in record:
-                device = next(self.model.parameters()).device  # every rank decides alike
-                update = float(self.all_reduce(torch.tensor([record["update/output"]], device=device), "mean")[0])
-                fired = self.guard.check(step, update, lr)
+                     "new_episode": not self.firing, "nonfinite": True,
+                     "signal": "update"} if self.cfg.mode == "recover" else None
+        else:
+            if step % self.cfg.every == 0:
+                record = self.monitor.measure()
+                if "update/output" in record:
+                    device = next(self.model.parameters()).device  # every rank decides alike
+                    update = float(self.all_reduce(torch.tensor([record["update/output"]], device=device), "mean")[0])
+                    fired = self.guard.check(step, update, lr)
+                    if fired is not None:
+                        fired.update(signal="update", new_episode=fired["new_episode"] and not self.loss_guard_firing)
+            if self.cfg.loss_factor and loss == loss:
+                guard = self.loss_guards.setdefault(tasks, Guard(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))
+                by_loss = guard.check(step, loss, 0.0)  # lr 0: judged as it is
+                if by_loss is not None and fired is None:
+                    fired = {**by_loss, "signal": "loss", "new_episode": by_loss["new_episode"] and not self.guard.firing}
         action = self._act(step, fired) if fired is not None else {}
-        healthy = fired is None and finite and not self.guard.firing
+        healthy = fired is None and finite and not self.firing
         if healthy and self.cfg.mode == "recover" and step % self.cfg.snapshot_every == 0:
             snap = self.snapshots[0] if len(self.snapshots) == self.snapshots.maxlen else Snapshot()
             snap.take(step, self.model, self.optimizer)
@@ -248,7 +273,8 @@ class Stability:
         return record, action
 
     def _act(self, step: int, fired: dict) -> dict:
-        action = {"step": step, "update": fired["update"], "level": fired["level"],
+        # "update": the signal's value (the model update, or the loss with signal "loss")
+        action = {"step": step, "signal": fired["signal"], "update": fired["update"], "level": fired["level"],
                   "ratio": fired["rate"] / fired["level"] if fired["level"] else float("nan")}
         if self.cfg.mode == "warn":
             return {**action, "action": "warn"} if fired["new_episode"] else {}
@@ -267,7 +293,8 @@ class Stability:
         self.snapshots.append(snap)  # rolling back twice goes to the same good state
         self.monitor.reset()
         self.monitor.measure()
-        self.guard.firing = False
+        for guard in (self.guard, *self.loss_guards.values()):
+            guard.firing = False
         return {**action, "action": "recover", "rolled_back_to": snap.step,
                 "lr_scale": self.cfg.lr_backoff ** self.recoveries, "recoveries": self.recoveries}
 

@@ -447,7 +447,8 @@ class Trainer:
                     self.losses.add(record["loss"])
                 action: dict[str, Any] = {}
                 if self.stability is not None:
-                    measured, action = self.stability.after_step(self.step, record["lr"], finite)
+                    measured, action = self.stability.after_step(
+                        self.step, record["lr"], finite, record["loss"], tuple(k for k in record if k.startswith("loss/")))
                     record.update(measured)
                     if action:
                         self._guard(action, log)
@@ -498,13 +499,15 @@ class Trainer:
 
     def _guard(self, action: dict[str, Any], log: MetricsLog) -> None:
         """One line and one ``guard`` event per warning (once an episode) or recovery."""
+        what = "the training loss" if action["signal"] == "loss" else "the model update"
         if action["action"] == "recover":
-            line = (f"guard: step {self.step}: the model update jumped to {action['ratio']:.1f}x its recent level; "
+            line = (f"guard: step {self.step}: {what} jumped to {action['ratio']:.1f}x its recent level; "
                     f"rolled back to step {action['rolled_back_to']}, learning rate x{action['lr_scale']:g} from now "
                     f"(recovery {action['recoveries']} of guard.max_recoveries={self.cfg.guard.max_recoveries})")
         else:
-            line = (f"guard: step {self.step}: the model update jumped to {action['ratio']:.1f}x its recent level "
-                    f"({action['update']:.3g} a step); the run may be diverging"
+            value = f"{action['update']:.4g}" if action["signal"] == "loss" else f"{action['update']:.3g} a step"
+            line = (f"guard: step {self.step}: {what} jumped to {action['ratio']:.1f}x its recent level "
+                    f"({value}); the run may be diverging"
                     + (f" ({action['why']})" if "why" in action else " (guard.mode=recover rolls back)"))
         self.progress.write(line)
         log.event(self.step, "guard", task=None, **{k: v for k, v in action.items() if k != "step"})

@@ -136,3 +136,32 @@ def test_a_decaying_schedule_is_not_a_jump_but_a_jump_after_the_peak_is():
 
     assert run() == []
     assert run(jump_at=600)[:1] == [600]
+
+
+def test_a_loss_jump_fires_even_when_the_update_does_not(tmp_path):
+    """``guard.loss_factor``: the training loss judged against its own recent median, one level per
+    set of tasks a step trains (a task whose loss is always higher is no jump); the update guard
+    still measures; a rollback ends both episodes."""
+    from foundation.engine.config import GuardConfig
+    from foundation.engine.guard import Stability
+
+    model, batch = probe_model(tmp_path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    cfg = GuardConfig(mode="warn", every=1000, warmup=5, window=10)  # the update is never measured here
+    guard = Stability(cfg, model, optimizer, scheduler, all_reduce=lambda t, op: t)
+    guard.start("seq2seq", batch)
+    fired = []
+    for step in range(1, 41):
+        loss, tasks = (2.0, ("loss/a",)) if step % 2 else (7.0, ("loss/b",))  # b: always 3.5x a, no jump
+        if step in (31, 33):
+            loss = 4.5  # task a's steps: 2.25x its level, two in a row
+        _, action = guard.after_step(step, 1e-3, True, loss, tasks)
+        if action:
+            fired.append((step, action["signal"], action["action"], round(action["ratio"], 2)))
+    assert fired == [(31, "loss", "warn", 2.25)]  # once per episode
+    off = Stability(GuardConfig(mode="warn", loss_factor=0), model, optimizer, scheduler, lambda t, op: t)
+    off.start("seq2seq", batch)
+    assert all(off.after_step(s, 1e-3, True, 100.0 * s, ())[1] == {} for s in range(1, 30))
+    with pytest.raises(ConfigError, match="guard.loss_factor"):
+        GuardConfig(loss_factor=0.5)
