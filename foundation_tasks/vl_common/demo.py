@@ -327,10 +327,6 @@ def _np(color: str | None, shape: str | None, n: int) -> str:
     return word if n == 1 else word + "s"
 
 
-def _covered(objs: list[Obj], color: str | None, shape: str | None) -> int:
-    return count(objs, color, shape)
-
-
 # The kinds of real NLVR2 sentences (Suhr et al. 2019, Table 3: existence, cardinality, universal
 # / coordination over the two images, comparison, spatial relations inside one image).
 # kind: (train templates, held-out templates: new phrasings of the training words). {x} / {xp} /
@@ -357,6 +353,22 @@ STATEMENTS = {
 COUNTING = ("atleast", "exact", "more", "total")  # a false statement names objects the pair has, when it can
 
 
+def statement_truths(kind: str, n: int, left: list, right: list, side: str, phrases) -> dict[tuple, bool]:
+    """Per noun phrase (colour, shape; None = any) of ``phrases``: whether the statement of ``kind``
+    about ``n`` such objects (on ``side``) is true of the pair; for a counting kind, the phrases it
+    is false of only where the pair has such objects, when it can (any objects with .color / .shape)."""
+    scene = left if side == "left" else right
+    truths, present = {}, {}
+    for color, shape in phrases:
+        cl, cr, cs = count(left, color, shape), count(right, color, shape), count(scene, color, shape)
+        truths[color, shape] = {"exist": cs > 0, "one": (cl > 0) != (cr > 0), "both": cl > 0 and cr > 0,
+                                "atleast": cs >= n, "exact": cs == n, "more": cl > cr, "total": cl + cr == n}[kind]
+        present[color, shape] = (cs if kind in ("atleast", "exact") else cl + cr) > 0
+    if kind in COUNTING and any(present[p] and not v for p, v in truths.items()):
+        truths = {p: v for p, v in truths.items() if v or present[p]}
+    return truths
+
+
 def statement(rng, left: list[Obj], right: list[Obj], held_out: bool, radius: float) -> tuple[str, str] | None:
     """A true and a false statement about the pair that differ only in the objects they name
     (same kind, template, side and number), or None when this draw has no such two.
@@ -377,14 +389,7 @@ def statement(rng, left: list[Obj], right: list[Obj], held_out: bool, radius: fl
                  for v in (True, False)}
     else:
         n = int(rng.integers(2, 4)) if kind == "atleast" else int(rng.integers(1, 5 if kind == "total" else 4))
-        truths, present = {}, {}
-        for color, shape in PHRASES[int(rng.integers(3))]:
-            cl, cr, cs = _covered(left, color, shape), _covered(right, color, shape), _covered(scene, color, shape)
-            truths[color, shape] = {"exist": cs > 0, "one": (cl > 0) != (cr > 0), "both": cl > 0 and cr > 0,
-                                    "atleast": cs >= n, "exact": cs == n, "more": cl > cr, "total": cl + cr == n}[kind]
-            present[color, shape] = (cs if kind in ("atleast", "exact") else cl + cr) > 0
-        if kind in COUNTING and any(present[p] and not v for p, v in truths.items()):
-            truths = {p: v for p, v in truths.items() if v or present[p]}
+        truths = statement_truths(kind, n, left, right, side, PHRASES[int(rng.integers(3))])
         texts = {v: [t.format(side=side, n=NUMBER_WORDS[n], be="is" if n == 1 else "are", x=_np(*p, n),
                               xp=_np(*p, 2), xs=_np(*p, 1)) for p, truth in truths.items() if truth == v]
                  for v in (True, False)}

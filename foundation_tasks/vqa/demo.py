@@ -28,7 +28,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from foundation.engine.demo_cli import demo_parser, free_out, timed
-from foundation_tasks.vl_common.demo import nlvr2_records, vqa_entry, write_nlvr2_json, write_vqa_files
+from foundation_tasks.vl_common.demo import (nlvr2_records, statement_truths, vqa_entry, write_nlvr2_json,
+                                             write_vqa_files)
 from foundation_tasks.vl_common.scenes import count, unique_by  # any objects with .color / .shape / .name
 
 DEMO_DATA = {"name": "vqa-shifted", "folder": "vqa-shifted"}  # foundation data make vqa-shifted
@@ -186,7 +187,6 @@ STATEMENTS = {
     "spatial": (["In the {side} picture, the {a} sits {rel} the {b}.", "The {side} picture puts the {a} {rel} the {b}."],
                 ["The {a} sits {rel} the {b} in the {side} picture."]),
 }
-COUNTING = ("atleast", "exact", "more", "total")  # a false statement names objects the pair has, when it can
 PHRASES = ([(c, s) for c in COLORS for s in SHAPES], [(None, s) for s in SHAPES], [(c, None) for c in COLORS])
 
 
@@ -218,14 +218,7 @@ def statement(rng, left: list[Thing], right: list[Thing], held_out: bool) -> tup
                  for v in (True, False)}
     else:
         n = int(rng.integers(2, 4)) if kind == "atleast" else int(rng.integers(1, 5 if kind == "total" else 4))
-        truths, present = {}, {}
-        for color, shape in PHRASES[int(rng.integers(3))]:
-            cl, cr, cs = count(left, color, shape), count(right, color, shape), count(scene, color, shape)
-            truths[color, shape] = {"exist": cs > 0, "one": (cl > 0) != (cr > 0), "both": cl > 0 and cr > 0,
-                                    "atleast": cs >= n, "exact": cs == n, "more": cl > cr, "total": cl + cr == n}[kind]
-            present[color, shape] = (cs if kind in ("atleast", "exact") else cl + cr) > 0
-        if kind in COUNTING and any(present[p] and not v for p, v in truths.items()):
-            truths = {p: v for p, v in truths.items() if v or present[p]}
+        truths = statement_truths(kind, n, left, right, side, PHRASES[int(rng.integers(3))])
         texts = {v: [t.format(side=side, n=n, verb="appears" if n == 1 else "appear", x=noun(*p, n),
                               xp=noun(*p, 2), xs=noun(*p, 1)) for p, truth in truths.items() if truth == v]
                  for v in (True, False)}
