@@ -38,6 +38,7 @@ import argparse
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -376,22 +377,31 @@ def statement(rng, left: list[Obj], right: list[Obj], held_out: bool, radius: fl
     The two share everything but the object words, and colours / shapes are symmetric, so the
     text alone is at chance; the image pair decides which statement is true."""
     kind = str(rng.choice(list(STATEMENTS)))
-    templates = STATEMENTS[kind][1 if held_out else 0]
+    return draw_statement(rng, left, right, kind, STATEMENTS[kind][1 if held_out else 0], PHRASES, RELATIONS,
+                          lambda a, b, rel: relation(a, b, rel, radius),
+                          lambda n, p: {"n": NUMBER_WORDS[n], "be": "is" if n == 1 else "are", "x": _np(*p, n),
+                                        "xp": _np(*p, 2), "xs": _np(*p, 1)})
+
+
+def draw_statement(rng, left: list, right: list, kind: str, templates: list[str], phrases: tuple,
+                   relations: dict[str, str], relate: Callable, words: Callable) -> tuple[str, str] | None:
+    """A true and a false statement of ``kind``: one of its ``templates`` filled in two ways, or None.
+    ``phrases``: the noun phrases' three groups ((colour, shape), (None, shape), (colour, None));
+    ``relate(a, b, rel)``: whether object ``a`` is ``rel`` of ``b`` (None: too close);
+    ``words(n, (colour, shape))``: the template's fields for ``n`` objects of that noun phrase."""
     t = templates[int(rng.integers(len(templates)))]
     side = "left" if rng.random() < 0.5 else "right"
     scene = left if side == "left" else right
     if kind == "spatial":
-        rel = str(rng.choice(list(RELATIONS)))
+        rel = str(rng.choice(list(relations)))
         named = unique_by(scene, "name")
-        fills = [(a, b, relation(a, b, rel, radius)) for a in named for b in named if a is not b]
-        fills = [(a.name, b.name, truth) for a, b, truth in fills if truth is not None]
-        texts = {v: [t.format(side=side, a=a, rel=RELATIONS[rel], b=b) for a, b, truth in fills if truth == v]
+        fills = [(a.name, b.name, relate(a, b, rel)) for a in named for b in named if a is not b]
+        texts = {v: [t.format(side=side, a=a, rel=relations[rel], b=b) for a, b, truth in fills if truth is v]
                  for v in (True, False)}
     else:
         n = int(rng.integers(2, 4)) if kind == "atleast" else int(rng.integers(1, 5 if kind == "total" else 4))
-        truths = statement_truths(kind, n, left, right, side, PHRASES[int(rng.integers(3))])
-        texts = {v: [t.format(side=side, n=NUMBER_WORDS[n], be="is" if n == 1 else "are", x=_np(*p, n),
-                              xp=_np(*p, 2), xs=_np(*p, 1)) for p, truth in truths.items() if truth == v]
+        truths = statement_truths(kind, n, left, right, side, phrases[int(rng.integers(3))])
+        texts = {v: [t.format(side=side, **words(n, p)) for p, truth in truths.items() if truth == v]
                  for v in (True, False)}
     if not texts[True] or not texts[False]:
         return None
@@ -399,20 +409,31 @@ def statement(rng, left: list[Obj], right: list[Obj], held_out: bool, radius: fl
 
 
 def nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int, spec: SceneSpec) -> int:
-    name = "train" if split == "train" else "dev"
+    return write_nlvr2_pairs(out, "train" if split == "train" else "dev", n_pairs,
+                             lambda k: np.random.default_rng([seed, 10 + SPLIT_CODES[split], k]),
+                             lambda rng: make_scene(rng, spec), lambda objs, rng: render(objs, size, spec.radius, rng),
+                             lambda rng, left, right, held_out: statement(rng, left, right, held_out, spec.radius))
+
+
+def write_nlvr2_pairs(out: Path, name: str, n_pairs: int, rng_for: Callable, make: Callable, draw: Callable,
+                      say: Callable) -> int:
+    """NLVR2 split ``name`` (train / dev) of ``n_pairs`` image pairs under ``out/nlvr2``: pair k's
+    generator ``rng_for(k)``, its two scenes ``make(rng)``, their images ``draw(objs, rng)``, one
+    true and one false statement ``say(rng, left, right, held_out)`` (None: draw again); half of
+    the dev pairs in held-out wordings. Returns the number of statements."""
     records = []
     for k in range(n_pairs):
-        rng = np.random.default_rng([seed, 10 + SPLIT_CODES[split], k])
-        scenes = [make_scene(rng, spec), make_scene(rng, spec)]
+        rng = rng_for(k)
+        scenes = [make(rng), make(rng)]
         directory = k % 100
-        img_dir = out / "nlvr2" / ("images/train/" + str(directory) if name == "train" else "dev")
+        img_dir = out / "nlvr2" / (f"images/train/{directory}" if name == "train" else "dev")
         img_dir.mkdir(parents=True, exist_ok=True)
         prefix = f"{name}-{k}-0"
         for side, objs in enumerate(scenes):
-            render(objs, size, spec.radius, rng).save(img_dir / f"{prefix}-img{side}.png")
+            draw(objs, rng).save(img_dir / f"{prefix}-img{side}.png")
         held_out = name == "dev" and rng.random() < 0.5
         for _ in range(1000):  # one true and one false statement per pair, of one kind (real NLVR2: a
-            pair = statement(rng, *scenes, held_out, spec.radius)  # sentence is true of some pairs, false of others)
+            pair = say(rng, *scenes, held_out)  # sentence is true of some pairs, false of others)
             if pair is not None:
                 break
         else:

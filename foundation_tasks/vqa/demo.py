@@ -28,8 +28,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from foundation.engine.demo_cli import demo_parser, free_out, timed
-from foundation_tasks.vl_common.demo import (nlvr2_records, statement_truths, vqa_entry, write_nlvr2_json,
-                                             write_vqa_files)
+from foundation_tasks.vl_common.demo import draw_statement, vqa_entry, write_nlvr2_pairs, write_vqa_files
 from foundation_tasks.vl_common.scenes import count, unique_by  # any objects with .color / .shape / .name
 
 DEMO_DATA = {"name": "vqa-shifted", "folder": "vqa-shifted"}  # foundation data make vqa-shifted
@@ -206,49 +205,16 @@ def statement(rng, left: list[Thing], right: list[Thing], held_out: bool) -> tup
     """A true and a false statement about the pair that differ only in the objects they name (so
     the text alone is at chance), or None when this draw has no such two."""
     kind = str(rng.choice(list(STATEMENTS)))
-    templates = STATEMENTS[kind][1 if held_out else 0]
-    t = templates[int(rng.integers(len(templates)))]
-    side = "left" if rng.random() < 0.5 else "right"
-    scene = left if side == "left" else right
-    if kind == "spatial":
-        rel = str(rng.choice(list(RELATIONS)))
-        named = unique_by(scene, "name")
-        fills = [(a.name, b.name, side_of(a, b, rel)) for a in named for b in named if a is not b]
-        texts = {v: [t.format(side=side, a=a, rel=RELATIONS[rel], b=b) for a, b, truth in fills if truth is v]
-                 for v in (True, False)}
-    else:
-        n = int(rng.integers(2, 4)) if kind == "atleast" else int(rng.integers(1, 5 if kind == "total" else 4))
-        truths = statement_truths(kind, n, left, right, side, PHRASES[int(rng.integers(3))])
-        texts = {v: [t.format(side=side, n=n, verb="appears" if n == 1 else "appear", x=noun(*p, n),
-                              xp=noun(*p, 2), xs=noun(*p, 1)) for p, truth in truths.items() if truth == v]
-                 for v in (True, False)}
-    if not texts[True] or not texts[False]:
-        return None
-    return tuple(texts[v][int(rng.integers(len(texts[v])))] for v in (True, False))
+    return draw_statement(rng, left, right, kind, STATEMENTS[kind][1 if held_out else 0], PHRASES, RELATIONS,
+                          side_of, lambda n, p: {"n": n, "verb": "appears" if n == 1 else "appear", "x": noun(*p, n),
+                                                 "xp": noun(*p, 2), "xs": noun(*p, 1)})
 
 
 def write_nlvr2_split(out: Path, split: str, n_pairs: int, seed: int, size: int) -> int:
     _, _, code = SPLITS[split]
-    name = "train" if split == "train" else "dev"
-    records = []
-    for k in range(n_pairs):
-        rng = np.random.default_rng([seed, 10 + code, k, 7])
-        scenes = [make_scene(rng), make_scene(rng)]
-        directory = k % 100
-        img_dir = out / "nlvr2" / (f"images/train/{directory}" if name == "train" else "dev")
-        img_dir.mkdir(parents=True, exist_ok=True)
-        prefix = f"{name}-{k}-0"
-        for side, things in enumerate(scenes):
-            render(things, size, rng).save(img_dir / f"{prefix}-img{side}.png")
-        held_out = name == "dev" and rng.random() < 0.5
-        for _ in range(1000):
-            pair = statement(rng, *scenes, held_out)
-            if pair is not None:
-                break
-        else:
-            raise ValueError(f"NLVR2 pair {k}: no true and false statement found")
-        records += nlvr2_records(name, prefix, directory, pair, rng)
-    return write_nlvr2_json(out, name, records)
+    return write_nlvr2_pairs(out, "train" if split == "train" else "dev", n_pairs,
+                             lambda k: np.random.default_rng([seed, 10 + code, k, 7]), make_scene,
+                             lambda things, rng: render(things, size, rng), statement)
 
 
 def write_split(out: Path, split: str, n_images: int, per_image: int, seed: int, size: int) -> int:
