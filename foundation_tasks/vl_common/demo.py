@@ -467,12 +467,14 @@ def write_nlvr2_json(out: Path, name: str, records: list[dict]) -> int:
 # --------------------------------------------------------------------------- held-out templates
 
 
-def _pattern(template: str) -> re.Pattern:
+def template_pattern(template: str) -> re.Pattern:
+    """A regular expression matching the texts a template writes (its {fields} any text)."""
     parts = re.split(r"\{[a-z]+\}", template)
     return re.compile(".+".join(re.escape(p) for p in parts) + "$")
 
 
-_HELD_OUT = [_pattern(t) for table in (QUESTION_TEMPLATES, STATEMENTS) for _, held in table.values() for t in held]
+_HELD_OUT = [template_pattern(t) for table in (QUESTION_TEMPLATES, STATEMENTS) for _, held in table.values()
+             for t in held]
 
 
 def is_held_out(text: str) -> bool:
@@ -482,7 +484,7 @@ def is_held_out(text: str) -> bool:
 
 # the most specific template first: "There is a {a} {rel} a {b} in the {side} image." (spatial) also
 # matches "There is a {xs} in the {side} image." (exist)
-_KINDS = {name: [(kind, _pattern(t)) for kind, t in sorted(
+_KINDS = {name: [(kind, template_pattern(t)) for kind, t in sorted(
     ((kind, t) for kind, (train, held) in table.items() for t in train + held),
     key=lambda kt: -len(re.sub(r"\{[a-z]+\}", "", kt[1])))]
     for name, table in (("question", QUESTION_TEMPLATES), ("statement", STATEMENTS))}

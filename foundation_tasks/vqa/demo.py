@@ -28,7 +28,8 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from foundation.engine.demo_cli import demo_parser, free_out, timed
-from foundation_tasks.vl_common.demo import draw_statement, vqa_entry, write_nlvr2_pairs, write_vqa_files
+from foundation_tasks.vl_common.demo import (draw_statement, template_pattern, vqa_entry, write_nlvr2_pairs,
+                                             write_vqa_files)
 from foundation_tasks.vl_common.scenes import count, unique_by  # any objects with .color / .shape / .name
 
 DEMO_DATA = {"name": "vqa-shifted", "folder": "vqa-shifted"}  # foundation data make vqa-shifted
@@ -186,6 +187,14 @@ STATEMENTS = {
     "spatial": (["In the {side} picture, the {a} sits {rel} the {b}.", "The {side} picture puts the {a} {rel} the {b}."],
                 ["The {a} sits {rel} the {b} in the {side} picture."]),
 }
+_HELD_OUT = [template_pattern(t) for table in (TEMPLATES, STATEMENTS) for _, held in table.values() for t in held]
+
+
+def is_held_out(text: str) -> bool:
+    """Whether a question or statement of this set uses a wording held out of training."""
+    return any(p.match(text) for p in _HELD_OUT)
+
+
 PHRASES = ([(c, s) for c in COLORS for s in SHAPES], [(None, s) for s in SHAPES], [(c, None) for c in COLORS])
 
 

@@ -94,6 +94,9 @@ def test_nlvr2_pairs_in_the_layout_with_one_true_and_one_false_statement(tmp_pat
     train = [st.sentence for st in read_nlvr2(root, root, "train")]
     assert not [t for t in train if any(p.match(t) for p in held)]
     assert any(p.match(st.sentence) for st in read_nlvr2(root, root, "dev") for p in held)
+    dev = [st.sentence for st in read_nlvr2(root, root, "dev")]  # what the plain reference splits by
+    assert [shifted.is_held_out(t) for t in train + dev] == [any(p.match(t) for p in held) for t in train + dev]
+    assert not any(home.is_held_out(t) for t in dev)
 
 
 def test_nlvr2_statements_are_true_of_their_scenes():
