@@ -7,9 +7,11 @@ cries wolf, on the runs of a stability study that measured the model update.
     foundation compare guard runs/guard --search --signal grad_norm   # the same rule on another logged series
 
 The guard's rule (``foundation.engine.guard.Guard``: the update per unit of learning rate against
-``factor`` x the median of the last ``window`` healthy measurements, after ``warmup`` of them)
-is replayed offline on each run's logged ``update/output`` series, taking every ``every``-th
-measured step, so one study measured densely judges any setting. A run's verdict is the
+``factor`` x the median of the last ``window`` healthy measurements, after ``warmup`` of them;
+and, as the engine does, the training loss against ``loss_factor`` x its own recent median) is
+replayed offline on each run's logged ``update/output`` series, taking every ``every``-th
+measured step (the loss at every measured step), so one study measured densely judges any
+setting. ``--loss-factor 0`` replays the update rule alone; another ``--signal`` is judged alone. A run's verdict is the
 stability study's own (``studies.verdict``: diverged at step N, converged, not converged):
 
 * **lead**: for a run that diverged, its onset N (the first non-finite step, or where its loss
@@ -24,6 +26,7 @@ task, the firing step marked).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import statistics
@@ -51,9 +54,11 @@ class Setting:
     window: int
     warmup: int
     every: int
+    loss_factor: float = 0.0  # the engine's second trigger (guard.loss_factor); 0: the signal alone
 
     def text(self) -> str:
-        return f"factor {self.factor:g}, window {self.window}, warmup {self.warmup}, every {self.every}"
+        loss = f", loss factor {self.loss_factor:g}" if self.loss_factor else ""
+        return f"factor {self.factor:g}, window {self.window}, warmup {self.warmup}, every {self.every}{loss}"
 
 
 @dataclass
@@ -70,6 +75,7 @@ class RunSeries:
     updates: list[float]
     lrs: list[float]
     run_dir: str
+    losses: list[float] = dataclasses.field(default_factory=list)  # the training loss at the same steps
 
 
 def measured(run_dir: str | Path, signal: str = "update/output") -> tuple[list[int], list[float], list[float]]:
@@ -96,12 +102,15 @@ def onset(run_dir: str | Path, fallback: Optional[int], explode_factor: float = 
 
 
 def first_firing(run: RunSeries, setting: Setting) -> Optional[int]:
-    """The step at which ``Guard`` with ``setting`` first fires on the run's series."""
+    """The step at which ``Guard`` with ``setting`` first fires on the run's series (or, with a
+    loss factor, the loss rule on its losses, whichever is first)."""
     guard = Guard(setting.factor, setting.window, setting.warmup)
-    for step, update, lr in zip(run.steps, run.updates, run.lrs):
-        if step % setting.every:
-            continue
-        if guard.check(step, update, lr) is not None:
+    loss_guard = Guard(setting.loss_factor, setting.window, setting.warmup) if setting.loss_factor else None
+    losses = run.losses or [float("nan")] * len(run.steps)
+    for step, update, lr, loss in zip(run.steps, run.updates, run.lrs, losses):
+        if loss_guard is not None and loss == loss and loss_guard.check(step, loss, 0.0) is not None:
+            return step
+        if step % setting.every == 0 and guard.check(step, update, lr) is not None:
             return step
     return None
 
@@ -126,7 +135,7 @@ def load_study(out: Path, signal: str = "update/output") -> list[RunSeries]:
         task = Path(o["run_dir"]).parents[2].name  # OUT/<task>/<depth>L/runs/<name>
         at = onset(o["run_dir"], o.get("diverged_step")) if o["verdict"] == "diverged" else None
         runs.append(RunSeries(task, o["norm"], o["lr"], o["seed"], o["verdict"], at, steps, updates, lrs,
-                              o["run_dir"]))
+                              o["run_dir"], measured(o["run_dir"], "loss")[1]))
     if not runs:
         raise SystemExit(f"foundation compare guard: no run under {out} logged update/output: run the study with "
                          "guard.mode=warn (and guard.every=2 for a dense series)")
@@ -178,9 +187,9 @@ def table(runs: Sequence[RunSeries], setting: Setting) -> list[str]:
     return rows
 
 
-def search(runs: Sequence[RunSeries]) -> list[tuple[Setting, dict]]:
+def search(runs: Sequence[RunSeries], loss_factor: float = 0.0) -> list[tuple[Setting, dict]]:
     """Every setting of the grid, those passing the bars first, then by early warnings and false alarms."""
-    scored = [(Setting(f, w, u, e), score(runs, Setting(f, w, u, e)))
+    scored = [(Setting(f, w, u, e, loss_factor), score(runs, Setting(f, w, u, e, loss_factor)))
               for f, w, u, e in itertools.product(FACTORS, WINDOWS, WARMUPS, EVERY) if u <= w]
     return sorted(scored, key=lambda x: (not passes(x[1]), -(x[1]["warned_early_share"] or 0),
                                          x[1]["false_alarm_share"] or 0, x[0].every, x[0].warmup))
@@ -233,29 +242,34 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--window", type=int, default=d.window)
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--every", type=int, default=d.every)
+    p.add_argument("--loss-factor", type=float, default=d.loss_factor,
+                   help="the loss rule beside the update's, as the engine's guard.loss_factor (0: the update alone; "
+                        "another --signal is always judged alone)")
     p.add_argument("--search", action="store_true", help="also score every setting of a grid of the four")
     p.add_argument("--signal", choices=list(SIGNALS), default="update/output",
                    help="the logged series the rule judges (default the guard's, update/output); another writes "
                         "OUT/guard-<signal>.md, .json, .png")
     a = p.parse_args(argv)
-    if min(a.window, a.every) < 1 or a.warmup < 0 or a.factor <= 1:
-        print("foundation compare guard: error: --window and --every must be >= 1, --warmup >= 0, --factor > 1",
-              file=sys.stderr)
+    if min(a.window, a.every) < 1 or a.warmup < 0 or a.factor <= 1 or not (a.loss_factor == 0 or a.loss_factor > 1):
+        print("foundation compare guard: error: --window and --every must be >= 1, --warmup >= 0, --factor > 1, "
+              "--loss-factor 0 or > 1", file=sys.stderr)
         return 2
     runs = load_study(a.out, a.signal)
     stem = "guard" if a.signal == "update/output" else "guard-" + a.signal.replace("/", "_")
-    setting = Setting(a.factor, a.window, a.warmup, a.every)
+    loss_factor = a.loss_factor if a.signal == "update/output" else 0.0
+    setting = Setting(a.factor, a.window, a.warmup, a.every, loss_factor)
     coarsest = max(min(b - a_ for a_, b in zip(r.steps, r.steps[1:])) if len(r.steps) > 1 else 1 for r in runs)
     parts = ["# The stability guard on the stability study's runs", "",
              f"`foundation compare guard {' '.join(argv)}`: {len(runs)} runs that logged the model update "
              f"(measured every {coarsest} steps or closer); the rule judges `{a.signal}`"
-             f"{' per unit of the peak lr' if SIGNALS[a.signal] else ''}. Diverged / converged: the stability study's verdict. "
+             f"{' per unit of the peak lr' if SIGNALS[a.signal] else ''}"
+             f"{f', and the training loss (loss factor {loss_factor:g})' if loss_factor else ''}. Diverged / converged: the stability study's verdict. "
              f"Bars: warned at least {LEAD_BAR} steps ahead in at least {100 * WARNED_BAR:.0f} % of the diverged runs; "
              f"false alarms in at most {100 * FALSE_ALARM_BAR:.0f} % of the converged runs.", "",
              f"## The setting asked for ({setting.text()})", "", *table(runs, setting), ""]
     result = {"setting": setting.__dict__, "score": score(runs, setting)}
     if a.search:
-        ranked = search(runs)
+        ranked = search(runs, loss_factor)
         parts += ["## Every setting of the grid (the ten best)", "",
                   "| setting | warned >= 20 ahead | median lead | false alarms | passes |", "|---|---:|---:|---:|---|"]
         for s, sc in ranked[:10]:

@@ -100,3 +100,26 @@ def test_the_rule_replays_on_another_logged_signal(tmp_path):
     assert guard_eval.main([str(out), "--signal", "grad_norm"]) == 0
     assert "judges `grad_norm`" in (out / "guard-grad_norm.md").read_text()
     assert (out / "guard-grad_norm.png").is_file() and not (out / "guard.md").exists()
+
+
+def test_the_loss_rule_is_replayed_beside_the_update_as_the_engine_has_it(tmp_path):
+    """A run whose update stays level while its loss triples from step 70 (onset 80): the loss
+    rule (``--loss-factor``, the engine's guard.loss_factor) fires at 70; the update rule alone
+    misses it."""
+    out = tmp_path / "study"
+    run = out / "seq2seq" / "12L" / "runs" / "deepnorm_lr1_seed0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "time": 0.0, "loss": 3.0 if s >= 70 else 1.0, "lr": 0.01, "update/output": 0.01}) + "\n"
+        for s in range(2, 101, 2)))
+    (out / "results.json").write_text(json.dumps({"tasks": [], "runs": [
+        {"name": run.name, "norm": "deepnorm", "seed": 0, "lr": 1.0, "verdict": "diverged", "diverged_step": 80,
+         "run_dir": str(run)}]}))
+    runs = guard_eval.load_study(out)
+    assert runs[0].losses[-1] == 3.0 and len(runs[0].losses) == len(runs[0].steps)
+    both, alone = guard_eval.Setting(4.0, 20, 5, 2, loss_factor=2.0), guard_eval.Setting(4.0, 20, 5, 2)
+    assert guard_eval.first_firing(runs[0], both) == 70 and guard_eval.first_firing(runs[0], alone) is None
+    assert guard_eval.main([str(out), "--loss-factor", "0"]) == 0
+    assert "| **all** |  | 1 | 0 (0 %) | - | 1 |" in (out / "guard.md").read_text()
+    assert guard_eval.main([str(out)]) == 0  # the engine's default: loss factor 2
+    assert "loss factor 2" in (out / "guard.md").read_text()
