@@ -11,8 +11,9 @@ The guard's rule (``foundation.engine.guard.Guard``: the update per unit of lear
 and, as the engine does, the training loss against ``loss_factor`` x its own recent median) is
 replayed offline on each run's logged ``update/output`` series, taking every ``every``-th
 measured step (the loss at every measured step), so one study measured densely judges any
-setting. ``--loss-factor 0`` replays the update rule alone; another ``--signal`` is judged alone. A run's verdict is the
-stability study's own (``studies.verdict``: diverged at step N, converged, not converged):
+setting. ``--loss-factor 0`` replays the update rule alone; another ``--signal`` is judged
+alone. A run's verdict is the stability study's own (``studies.verdict``: diverged at step N,
+converged, not converged):
 
 * **lead**: for a run that diverged, its onset N (the first non-finite step, or where its loss
   first spiked above twice the first loss, the study's spike rule) minus the guard's first
