@@ -19,8 +19,8 @@ to the learning rate, so the update per unit of learning rate is steady in a hea
 the lr warms up (it falls slowly); after the peak the update is divided by the peak lr, so a
 decaying schedule reads as a falling update. The guard fires when that rate exceeds
 ``guard.factor`` times the median of the last ``guard.window`` measurements (after
-``guard.warmup`` of them), or when a step's training loss exceeds ``guard.loss_factor`` times
-the median of its last ``guard.window`` healthy steps: the update measure misses some blow-ups
+``guard.warmup`` of them), or when the training loss (the median of the last 3 steps') exceeds ``guard.loss_factor``
+times the median of its last ``guard.window`` healthy steps: the update measure misses some blow-ups
 (on the 12-layer seq2seq ladder DeepNorm's, whose update stays level while the loss climbs),
 and a rollback needs no lead. ``warn`` says so in one line per
 episode; ``recover`` rolls the model and optimizer back to the last state kept in memory
@@ -41,6 +41,7 @@ from torch import nn
 from foundation.engine.data import seeded
 
 PROBE_SEED = 20_240_917  # the probe forward's RNG (masks a head may draw); restored after
+LOSS_STEPS = 3  # the loss rule judges the median of this many last training losses
 
 
 def first_tensor(value: Any) -> Optional[torch.Tensor]:
@@ -214,8 +215,11 @@ class Stability:
         self.all_reduce = all_reduce
         self.monitor: Optional[UpdateMonitor] = None
         self.guard = Guard(cfg.factor, cfg.window, cfg.warmup)
-        # one loss level per set of tasks a step trains (train.mix: sample draws tasks whose losses differ)
+        # one loss level per set of tasks a step trains and their phases (train.mix: sample draws tasks
+        # whose losses differ; the ASR head adds its transducer loss at rnnt_start): judged on the
+        # median of the last LOSS_STEPS losses, so that one hard batch is no jump but a blow-up is
         self.loss_guards: dict[tuple, Guard] = {}
+        self.recent_losses: dict[tuple, deque[float]] = {}
         self.snapshots: deque[Snapshot] = deque(maxlen=2)  # the older one is rolled back to
         self.recoveries = 0
         self.actions: list[dict] = []
@@ -237,9 +241,9 @@ class Stability:
         return self.guard.firing or self.loss_guard_firing
 
     def after_step(self, step: int, lr: float, finite: bool, loss: float = float("nan"),
-                   tasks: tuple = ()) -> tuple[dict[str, float], dict]:
+                   kind: tuple = ()) -> tuple[dict[str, float], dict]:
         """``loss``: the step's training loss, the same on every rank (the trainer all-reduces it);
-        ``tasks``: the tasks it trained."""
+        ``kind``: what makes that loss comparable to another step's (the tasks trained, their phases)."""
         if self.monitor is None:
             return {}, {}
         record: dict[str, float] = {}
@@ -258,8 +262,10 @@ class Stability:
                     if fired is not None:
                         fired.update(signal="update", new_episode=fired["new_episode"] and not self.loss_guard_firing)
             if self.cfg.loss_factor and loss == loss:
-                guard = self.loss_guards.setdefault(tasks, Guard(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))
-                by_loss = guard.check(step, loss, 0.0)  # lr 0: judged as it is
+                guard = self.loss_guards.setdefault(kind, Guard(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))
+                last = self.recent_losses.setdefault(kind, deque(maxlen=LOSS_STEPS))
+                last.append(loss)
+                by_loss = guard.check(step, statistics.median(last), 0.0)  # lr 0: judged as it is
                 if by_loss is not None and fired is None:
                     fired = {**by_loss, "signal": "loss", "new_episode": by_loss["new_episode"] and not self.guard.firing}
         action = self._act(step, fired) if fired is not None else {}
@@ -295,6 +301,8 @@ class Stability:
         self.monitor.measure()
         for guard in (self.guard, *self.loss_guards.values()):
             guard.firing = False
+        for last in self.recent_losses.values():  # the blown-up losses are gone with the steps rolled back
+            last.clear()
         return {**action, "action": "recover", "rolled_back_to": snap.step,
                 "lr_scale": self.cfg.lr_backoff ** self.recoveries, "recoveries": self.recoveries}
 

@@ -447,8 +447,9 @@ class Trainer:
                     self.losses.add(record["loss"])
                 action: dict[str, Any] = {}
                 if self.stability is not None:
-                    measured, action = self.stability.after_step(
-                        self.step, record["lr"], finite, record["loss"], tuple(k for k in record if k.startswith("loss/")))
+                    kind = (tuple(k for k in record if k.startswith("loss/"))  # the tasks and their phases
+                            + tuple((k, record[k]) for k in sorted(record) if k.endswith("/phase")))
+                    measured, action = self.stability.after_step(self.step, record["lr"], finite, record["loss"], kind)
                     record.update(measured)
                     if action:
                         self._guard(action, log)

@@ -103,9 +103,9 @@ def test_the_rule_replays_on_another_logged_signal(tmp_path):
 
 
 def test_the_loss_rule_is_replayed_beside_the_update_as_the_engine_has_it(tmp_path):
-    """A run whose update stays level while its loss triples from step 70 (onset 80): the loss
-    rule (``--loss-factor``, the engine's guard.loss_factor) fires at 70; the update rule alone
-    misses it."""
+    """A run whose update stays level while its loss triples from step 70: the loss rule
+    (``--loss-factor``, the engine's guard.loss_factor, on the median of the last 3 logged losses)
+    fires at 72, once two of them are high; the update rule alone never fires."""
     out = tmp_path / "study"
     run = out / "seq2seq" / "12L" / "runs" / "deepnorm_lr1_seed0"
     run.mkdir(parents=True)
@@ -118,7 +118,7 @@ def test_the_loss_rule_is_replayed_beside_the_update_as_the_engine_has_it(tmp_pa
     runs = guard_eval.load_study(out)
     assert runs[0].losses[-1] == 3.0 and len(runs[0].losses) == len(runs[0].steps)
     both, alone = guard_eval.Setting(4.0, 20, 5, 2, loss_factor=2.0), guard_eval.Setting(4.0, 20, 5, 2)
-    assert guard_eval.first_firing(runs[0], both) == 70 and guard_eval.first_firing(runs[0], alone) is None
+    assert guard_eval.first_firing(runs[0], both) == 72 and guard_eval.first_firing(runs[0], alone) is None
     assert guard_eval.main([str(out), "--loss-factor", "0"]) == 0
     assert "| **all** |  | 1 | 0 (0 %) | - | 1 |" in (out / "guard.md").read_text()
     assert guard_eval.main([str(out)]) == 0  # the engine's default: loss factor 2

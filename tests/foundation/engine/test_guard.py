@@ -139,9 +139,9 @@ def test_a_decaying_schedule_is_not_a_jump_but_a_jump_after_the_peak_is():
 
 
 def test_a_loss_jump_fires_even_when_the_update_does_not(tmp_path):
-    """``guard.loss_factor``: the training loss judged against its own recent median, one level per
-    set of tasks a step trains (a task whose loss is always higher is no jump); the update guard
-    still measures; a rollback ends both episodes."""
+    """``guard.loss_factor``: the training loss (the median of the last 3 steps') judged against its
+    own recent median, one level per kind of step (the tasks a step trains and their phases: a
+    task whose loss is always higher, or a new phase, is no jump); one hard batch is no jump."""
     from foundation.engine.config import GuardConfig
     from foundation.engine.guard import Stability
 
@@ -152,14 +152,17 @@ def test_a_loss_jump_fires_even_when_the_update_does_not(tmp_path):
     guard = Stability(cfg, model, optimizer, scheduler, all_reduce=lambda t, op: t)
     guard.start("seq2seq", batch)
     fired = []
-    for step in range(1, 41):
-        loss, tasks = (2.0, ("loss/a",)) if step % 2 else (7.0, ("loss/b",))  # b: always 3.5x a, no jump
-        if step in (31, 33):
-            loss = 4.5  # task a's steps: 2.25x its level, two in a row
-        _, action = guard.after_step(step, 1e-3, True, loss, tasks)
+    for step in range(1, 61):
+        kind = ("loss/a",) if step % 2 else ("loss/b",)
+        loss = 2.0 if step % 2 else 7.0  # b: always 3.5x a, no jump
+        if step == 21 or step in (31, 33, 35):
+            loss = 4.5  # task a: one hard batch at 21, then a sustained 2.25x
+        if step > 50 and kind == ("loss/a",):
+            kind, loss = ("loss/a", ("a/phase", 1.0)), 9.0  # a new phase: a new level
+        _, action = guard.after_step(step, 1e-3, True, loss, kind)
         if action:
             fired.append((step, action["signal"], action["action"], round(action["ratio"], 2)))
-    assert fired == [(31, "loss", "warn", 2.25)]  # once per episode
+    assert fired == [(33, "loss", "warn", 2.25)]  # once per episode, when the median of 3 has risen
     off = Stability(GuardConfig(mode="warn", loss_factor=0), model, optimizer, scheduler, lambda t, op: t)
     off.start("seq2seq", batch)
     assert all(off.after_step(s, 1e-3, True, 100.0 * s, ())[1] == {} for s in range(1, 30))
