@@ -179,7 +179,7 @@ class GuardConfig:
     window: int = 20  # the recent measurements the level is the median of
     warmup: int = 5  # measurements before the guard may fire
     factor: float = 4.0  # fires above this x the level (update per unit of learning rate)
-    loss_factor: float = 2.0  # also fires when the loss (median of 3 steps) tops this x its recent median (0: off)
+    loss_factor: float = 3.0  # also fires when the loss (median of 3 steps) tops this x its recent median (0: off)
     lr_backoff: float = 0.5  # recover: the learning rate is multiplied by this, for the rest of the run
     snapshot_every: int = 10  # recover: healthy steps between in-memory snapshots to roll back to
     max_recoveries: int = 3  # recover: then the run goes on without rolling back (and may diverge)

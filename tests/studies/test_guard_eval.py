@@ -121,5 +121,5 @@ def test_the_loss_rule_is_replayed_beside_the_update_as_the_engine_has_it(tmp_pa
     assert guard_eval.first_firing(runs[0], both) == 72 and guard_eval.first_firing(runs[0], alone) is None
     assert guard_eval.main([str(out), "--loss-factor", "0"]) == 0
     assert "| **all** |  | 1 | 0 (0 %) | - | 1 |" in (out / "guard.md").read_text()
-    assert guard_eval.main([str(out)]) == 0  # the engine's default: loss factor 2
-    assert "loss factor 2" in (out / "guard.md").read_text()
+    assert guard_eval.main([str(out)]) == 0  # the engine's default: loss factor 3
+    assert "loss factor 3" in (out / "guard.md").read_text()

@@ -148,7 +148,7 @@ def test_a_loss_jump_fires_even_when_the_update_does_not(tmp_path):
     model, batch = probe_model(tmp_path)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
-    cfg = GuardConfig(mode="warn", every=1000, warmup=5, window=10)  # the update is never measured here
+    cfg = GuardConfig(mode="warn", every=1000, warmup=5, window=10, loss_factor=2.0)  # no update measured here
     guard = Stability(cfg, model, optimizer, scheduler, all_reduce=lambda t, op: t)
     guard.start("seq2seq", batch)
     fired = []
