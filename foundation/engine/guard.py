@@ -124,10 +124,15 @@ class UpdateMonitor:
 
 class Guard:
     """Judges each ``update/output`` (per unit of learning rate) against the median of the last
-    ``window`` healthy ones; ``check(step, value, lr)`` -> None or the firing's record."""
+    ``window`` healthy ones; ``check(step, value, lr)`` -> None or the firing's record.
+
+    An episode starts above ``factor`` x that level and ends only once the value is back under
+    sqrt(factor) x it (hysteresis): a loss that keeps climbing, dipping under the threshold now and
+    then, is one episode and one warning, and what it reads meanwhile never enters the level."""
 
     def __init__(self, factor: float, window: int, warmup: int):
         self.factor, self.warmup = factor, warmup
+        self.clear = factor ** 0.5
         self.recent: deque[float] = deque(maxlen=window)
         self.firing = False  # inside an episode: one warning per episode
         self.peak_lr = 0.0
@@ -146,6 +151,8 @@ class Guard:
             new = not self.firing
             self.firing = True
             return {"step": step, "update": update, "rate": rate, "level": level, "new_episode": new}
+        if self.firing and rate > self.clear * level:
+            return None  # still inside the episode
         self.firing = False
         self.recent.append(rate)  # only healthy measurements set the level
         return None
