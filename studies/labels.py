@@ -171,13 +171,10 @@ class Study:
         return self.out / "runs" / f"{recipe.task}-{norm}-{budget}-{init}-s{seed}"
 
     def finetune(self, recipe: Recipe, norm: str, budget: str, init: str, seed: int, weights: Optional[Path]) -> None:
-        steps = self.a.steps or recipe.label_steps
-        seed_field = recipe.label_field.rsplit(".", 1)[0] + ".subset_seed"
         overrides = [f"{recipe.data_field}={recipe.data_path.format(root=self.root(recipe.data))}",
-                     f"backbone.norm={norm}", f"seed={seed}", f"{seed_field}={seed}",
-                     f"{recipe.label_field}={'null' if budget == 'all' else budget}",
+                     f"backbone.norm={norm}", f"seed={seed}", *recipe.label_overrides(budget, seed),
                      f"init_from={weights if weights is not None else 'null'}",
-                     *([f"train.steps={steps}"] if steps else []), *self.a.finetune]
+                     *([f"train.steps={self.a.steps}"] if self.a.steps else []), *self.a.finetune]
         self.train(recipe.config, self.cell(recipe, norm, budget, init, seed), overrides)
 
 

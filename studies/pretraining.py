@@ -15,7 +15,10 @@ run spends more compute per step (the other modalities' batches). Then every tas
 recipe (each task whose ``foundation_tasks/<task>/recipe.py`` names a modality) fine-tunes from
 scratch, from its modality's run and from the cross-modal run, with its backbone set to the
 pretraining one (width, depth, heads, relative positions) in all three, so only the
-initialisation differs. Every cell is an ordinary ``foundation compare``
+initialisation differs. ``--scarce`` fine-tunes each task on its scarcest label budget instead
+(its recipe's first, as ``foundation compare labels``: 10 images per class, 10 % of the masks,
+transcripts or questions; the subset drawn with the seed), where pretraining should pay. Every
+cell is an ordinary ``foundation compare``
 (one norm, the seeds); the same command again skips what finished and resumes the rest.
 
     OUT/pretrain-<run>/           compare reports of the pretraining runs
@@ -140,23 +143,30 @@ def main(argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(
         prog="foundation compare pretraining", formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0].replace("``", "`"),
-        epilog="Needs the demo data and the visual tokenizer:\n"
-               "  foundation data make vision --out data/vision-demo && foundation train configs/vision/tiny_tokenizer.yaml\n"
+        epilog="Needs the demo data:\n"
+               "  foundation data make vision --out data/vision-demo\n"
                "  foundation data make vl --out data/vl; foundation data make speech --out data/speech-demo\n"
                "  foundation data make segmentation --out data/ade-demo\n"
                "examples:\n"
                "  foundation compare pretraining --seeds 2                 # everything, Magneto\n"
-               "  foundation compare pretraining --tasks vqa,nlvr2 --norm preln\n")
+               "  foundation compare pretraining --tasks vqa,nlvr2 --norm preln\n"
+               "  foundation compare pretraining --scarce train.steps=3000   # scarce labels, longer pretraining\n")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides for the pretraining runs, e.g. backbone.experts=[] or train.steps=600")
     p.add_argument("--norm", default="magneto", help="the backbone rule of every run (default magneto)")
     p.add_argument("--seeds", default="1", help="a count from 0 or a list (default 1); seed s pretrains "
                                                 "and then fine-tunes from its own pretraining runs")
     known = {r.task: r for r in finetunes()}
-    p.add_argument("--tasks", default=",".join(known),
-                   help="comma-separated fine-tuning tasks (default all: %(default)s)")
-    p.add_argument("--out", type=Path, default=Path("runs/compare-pretraining"),
-                   help="report directory (default %(default)s)")
+    p.add_argument("--tasks", default=None,
+                   help=f"comma-separated fine-tuning tasks (default all: {','.join(known)}; with --scarce those "
+                        "with label budgets)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="report directory (default runs/compare-pretraining, with --scarce "
+                        "runs/compare-pretraining-scarce)")
+    p.add_argument("--scarce", action="store_true",
+                   help="fine-tune every task on its scarcest label budget (its recipe's first: 10 images per "
+                        "class, 10 %% of the masks, transcripts, questions; drawn with the seed) with the label "
+                        "study's steps; tasks without label budgets (NLVR2) are left out")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each (default 2)")
     p.add_argument("--in-process", action="store_true", help="train in this process, one run at a time")
     a = p.parse_intermixed_args(argv)
@@ -168,10 +178,13 @@ def main(argv: Sequence[str]) -> int:
             raise ValueError(f"--norm: one rule per comparison (got {a.norm!r}); run the command once per rule")
         norm = norms[0]
         seeds = parse_seeds(a.seeds, 0)
-        wanted = [t.strip() for t in a.tasks.split(",") if t.strip()]
+        if a.scarce:
+            known = {t: r for t, r in known.items() if r.label_budgets}
+        wanted = [t.strip() for t in (a.tasks or ",".join(known)).split(",") if t.strip()]
         bad = [t for t in wanted if t not in known]
         if bad or not wanted:
-            raise ValueError(f"--tasks: unknown {', '.join(bad) or '(none given)'}; known: {', '.join(known)}")
+            raise ValueError(f"--tasks: unknown {', '.join(bad) or '(none given)'}"
+                             f"{' (without label budgets)' if a.scarce else ''}; known: {', '.join(known)}")
         if a.jobs < 1:
             raise ValueError("--jobs must be >= 1")
         check_overrides(a.overrides, ("backbone.norm", "seed", "run_name", "output_dir", "resume", "overwrite"))
@@ -181,19 +194,21 @@ def main(argv: Sequence[str]) -> int:
         print(f"foundation compare pretraining: error: {e}", file=sys.stderr)
         return 2
     chosen = [r for r in known.values() if r.task in wanted]
+    out = a.out or Path("runs/compare-pretraining-scarce" if a.scarce else "runs/compare-pretraining")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # tiny models: one thread per run is fastest (as foundation demo)
-    return exclusive(a.out, "foundation compare pretraining", lambda: run(
-        a.out, norm, seeds, chosen, pre_config, list(a.overrides), [s.id for s in specs],
-        {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, a.jobs, a.in_process,
+    return exclusive(out, "foundation compare pretraining", lambda: run(
+        out, norm, seeds, chosen, pre_config, list(a.overrides), [s.id for s in specs],
+        {k: getattr(base.backbone, k) for k in ARCH_FIELDS}, a.jobs, a.in_process, scarce=a.scarce,
         command="foundation compare pretraining " + " ".join(argv)))
 
 
 def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe], pre_config: Path,
         pre_overrides: list[str], all_ids: Sequence[str], arch: dict, jobs: int,
         in_process: bool = False, *, pretrain_runs: dict = PRETRAIN_RUNS, command: str = "",
-        say: Callable[[str], None] = print) -> int:
+        say: Callable[[str], None] = print, scarce: bool = False) -> int:
     """Pretrain (the runs ``finetunes`` need) and fine-tune every task x init, seed by seed
-    (seed s fine-tunes from the pretraining runs of seed s), then write the report."""
+    (seed s fine-tunes from the pretraining runs of seed s), then write the report. ``scarce``:
+    every fine-tuning on its recipe's scarcest label budget, drawn with the seed."""
     from foundation.engine.config import load_config
 
     if in_process:  # the engine seeds the process-wide RNGs: runs in threads of one process would race
@@ -246,7 +261,8 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
 
     def overrides(ft: Recipe, init: str, seed: int) -> list[str]:
         run = None if init == "scratch" else ft.modality if init == "single" else "crossmodal"
-        return finetune_overrides(init, arch, run and weights(out, run, norm, lrs[pre_config], seed))
+        labels = ft.label_overrides(ft.label_budgets[0], seed) if scarce else []
+        return [*finetune_overrides(init, arch, run and weights(out, run, norm, lrs[pre_config], seed)), *labels]
 
     tell(f"[2/3] fine-tuning: {len(finetunes)} tasks x {len(INITS)} inits x {len(seeds)} seeds, {jobs} at a time")
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # seed-major: the first seed's table is complete first
@@ -269,7 +285,7 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
             cells[(ft.task, init)] = read_cell(cell_out)
     primaries = {t.id: t.cls.primary(t.config)[0] for t in load_config(pre_config, pre_overrides, check_data=False)[1]}
     write_report(out, cells, finetunes, norm, seeds, pre_config, arch, command, {r: pretrain_runs[r] for r in needed},
-                 pretrain_table(out, {r: pretrain_runs[r] for r in needed}, primaries))
+                 pretrain_table(out, {r: pretrain_runs[r] for r in needed}, primaries), scarce=scarce)
     tell(f"\n{cell_table(cells, finetunes)}\n\nwrote {out}/report.md, results.json, pretraining.png")
     if failed:
         print(f"foundation compare pretraining: failed: {', '.join(failed)}", file=sys.stderr)
@@ -302,8 +318,10 @@ def pretrain_table(out: Path, pretrain_runs: dict, primaries: dict[str, str]) ->
 
 
 def write_report(out: Path, cells: dict, finetunes, norm, seeds, pre_config, arch, command,
-                 pretrain_runs: dict, objectives: str = "") -> None:
+                 pretrain_runs: dict, objectives: str = "", scarce: bool = False) -> None:
     shape = ", ".join(f"{k} {v}" for k, v in arch.items())
+    budgets = "; ".join(f"{ft.task}: {ft.label_budgets[0]} {ft.label_unit}"
+                        + (f", {ft.label_steps} steps" if ft.label_steps else "") for ft in finetunes) if scarce else ""
     parts = [
         "# Cross-modal vs single-modality pretraining",
         "",
@@ -311,7 +329,7 @@ def write_report(out: Path, cells: dict, finetunes, norm, seeds, pre_config, arc
         "",
         f"Backbone rule `{norm}`; every run has the backbone of `{pre_config}` ({shape}). Pretraining: the "
         "runs below, the same steps and batches; the single-modality runs keep only their modality's task "
-        f"entries. Fine-tuning: each task's tiny recipe. Seeds {', '.join(map(str, seeds))}: seed s fine-tunes "
+        f"entries. Fine-tuning: each task's tiny recipe{f' on its scarcest label budget ({budgets})' if scarce else ''}. Seeds {', '.join(map(str, seeds))}: seed s fine-tunes "
         "from the pretraining runs of seed s. Mean ± sample std over seeds, per-seed values in brackets "
         "(`div`: diverged).",
         "",

@@ -51,3 +51,10 @@ class Recipe:
     @property
     def stage_name(self) -> str:
         return self.stage or self.task
+
+    def label_overrides(self, budget: str, seed: int) -> list[str]:
+        """A fine-tuning run's label budget ("all" = every label) drawn with ``seed`` (nested subsets: a
+        seed's 10 images per class are among its 100), and the steps of ``label_steps``."""
+        seed_field = self.label_field.rsplit(".", 1)[0] + ".subset_seed"
+        return [f"{seed_field}={seed}", f"{self.label_field}={'null' if budget == 'all' else budget}",
+                *([f"train.steps={self.label_steps}"] if self.label_steps else [])]

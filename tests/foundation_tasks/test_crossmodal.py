@@ -252,6 +252,8 @@ def test_shipped_configs_resolve(norm):
     assert cfg.backbone.experts == EXPERTS and cfg.backbone.shared_attention and cfg.train.mix == "sum"
     assert [s.name for s in specs] == ["mim", "vl_pretrain", "vl_pretrain", "vl_pretrain", "best_rq"]
     assert {s.cls.modality for s in specs} == {"vision", None, "speech"}
+    # the MIM target that pays where labels are scarce (needs no tokenizer); the VQA recipe's stem, so it loads there
+    assert specs[0].config.target == "pixels" and all(s.config.conv_stem for s in specs[1:4])
     cfg, _ = load_config(REPO / "configs/crossmodal/tiny.yaml", [f"backbone.norm={norm}", "backbone.experts=[]", "backbone.shared_attention=false"], check_data=False)
     assert cfg.backbone.experts == []
     cfg, specs = load_config(REPO / "configs/best_rq/tiny.yaml", [f"backbone.norm={norm}"], check_data=False)

@@ -127,3 +127,42 @@ def test_the_tasks_come_from_their_recipes():
         ("classification", "vision", "configs/vision/tiny_finetune.yaml", 100),
         ("segmentation", "vision", "configs/segmentation/tiny.yaml", 1)]
     assert all(r.modality in cp.PRETRAIN_RUNS for r in cp.finetunes())
+
+
+def test_scarce_fine_tunes_every_init_on_the_scarcest_budget(tmp_path, write_config):
+    """--scarce: each fine-tuning cell (every init, every seed) on the recipe's first label budget, the
+    subset drawn with the cell's seed, for the recipe's label steps; the report names the budget."""
+    from foundation_tasks.classification import demo
+
+    data = tmp_path / "vision-demo"
+    demo.write_dataset(data, seed=0, size=32, train_per_class=3, val_per_class=1, num_classes=10)
+    pre = OmegaConf.to_container(OmegaConf.load("configs/vision/tiny_mim_pixels.yaml"))
+    pre["tasks"][0].update(id="mim", data_dir=str(data))
+    pre.update(train={"steps": 2, "batch_size": 8}, eval={"every": 0, "batch_size": 10})
+    ft_cfg = OmegaConf.to_container(OmegaConf.load("configs/vision/tiny_finetune.yaml"))
+    ft_cfg["tasks"][0]["data_dir"] = str(data)
+    ft_cfg.update(train={"steps": 50, "batch_size": 8}, eval={"every": 0, "batch_size": 10}, init_from=None)
+    pre_path, ft_path = write_config(pre, "pre.yaml"), write_config(ft_cfg, "ft.yaml")
+    ft = Recipe("classification", str(ft_path), "top1", 100, modality="vision",
+                label_field="tasks.classification.train_per_class", label_budgets=("1", "all"),
+                label_unit="labelled images per class", label_steps=2)
+    base, specs = load_config(pre_path, check_data=False)
+    arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
+    out = tmp_path / "out"
+    assert cp.run(out, "magneto", [0, 1], [ft], pre_path, [], ["mim"], arch, jobs=1, in_process=True,
+                  pretrain_runs={"vision": ("mim",), "crossmodal": ("mim",)}, scarce=True) == 0
+    for init in cp.INITS:
+        for seed in (0, 1):
+            cfg = OmegaConf.load(out / f"classification-{init}" / "runs" / f"magneto_lr0.002_seed{seed}" / "config.yaml")
+            task = cfg.tasks[0]
+            assert (task.train_per_class, task.subset_seed, cfg.train.steps) == (1, seed, 2)
+    assert "on its scarcest label budget (classification: 1 labelled images per class, 2 steps)" in (
+        out / "report.md").read_text()
+
+
+def test_scarce_leaves_out_the_tasks_without_label_budgets(capsys):
+    from foundation.cli import main
+
+    assert main(["compare", "pretraining", "--scarce", "--tasks", "nlvr2"]) == 2
+    assert "--tasks: unknown nlvr2 (without label budgets); known: asr, vqa, classification, segmentation" in (
+        capsys.readouterr().err)
