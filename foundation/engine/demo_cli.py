@@ -61,6 +61,17 @@ def demo_parser(name: str, description: str, *, out_help: str = "output director
     return p
 
 
+def item_count(text: str) -> int:
+    """argparse type of a number of items: a whole number >= 1 (an empty split would only fail later, in training)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
 def fail(name: str, message: str) -> int:
     """Say what went wrong, naming the command; the exit status for it."""
     print(f"{PROG} {name}: {message}", file=sys.stderr)

@@ -30,7 +30,7 @@ from typing import Sequence
 import numpy as np
 import soundfile as sf
 
-from foundation.engine.demo_cli import demo_parser, free_out, timed
+from foundation.engine.demo_cli import demo_parser, free_out, item_count, timed
 
 DEMO_DATA = {"name": "speech", "folder": "speech-demo"}  # foundation data make speech (engine/demo_cli.py)
 
@@ -258,8 +258,8 @@ def make_corpus(out: Path, *, seed: int = 0, utts_per_voice: dict[str, int], n_d
 def main(argv: list[str] | None = None) -> int:
     p = demo_parser("speech", "Synthesise a small spoken-command corpus with eSpeak NG, in the LibriSpeech layout "
                               "(dev/test speakers are held-out voices).")
-    p.add_argument("--train-per-voice", type=int, default=24, help="utterances per training voice")
-    p.add_argument("--eval-per-voice", type=int, default=25, help="utterances per dev / test voice")
+    p.add_argument("--train-per-voice", type=item_count, default=24, help="utterances per training voice")
+    p.add_argument("--eval-per-voice", type=item_count, default=25, help="utterances per dev / test voice")
     a = p.parse_args(argv)
     if not free_out("speech", a.out, a.force):
         return 2

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from foundation.engine.demo_cli import demo_parser, free_out, timed
+from foundation.engine.demo_cli import demo_parser, free_out, item_count, timed
 
 DEMO_DATA = {"name": "vision", "folder": "vision-demo"}  # foundation data make vision (engine/demo_cli.py)
 
@@ -197,8 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     p = demo_parser("vision", "Write the vision demo data set (drawn shapes) in ImageNet's layout: "
                               "OUT/{train,val}/<class>/*.JPEG.")
     p.add_argument("--size", type=int, default=32, help="image side in pixels (default 32)")
-    p.add_argument("--train-per-class", type=int, default=300)
-    p.add_argument("--val-per-class", type=int, default=50)
+    p.add_argument("--train-per-class", type=item_count, default=300)
+    p.add_argument("--val-per-class", type=item_count, default=50)
     p.add_argument("--classes", type=int, default=len(CLASSES), help=f"number of classes, 2..{len(CLASSES)}")
     p.add_argument("--overwrite", dest="force", action="store_true", help="deprecated spelling of --force")
     a = p.parse_args(argv)

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from foundation.engine.demo_cli import demo_parser, free_out, timed
+from foundation.engine.demo_cli import demo_parser, free_out, item_count, timed
 
 DEMO_DATA = {"name": "segmentation", "folder": "ade-demo"}  # foundation data make segmentation (engine/demo_cli.py)
 
@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p = demo_parser("segmentation", "Write procedural scenes with per-pixel labels in the ADE20k layout "
                                     "(0 = other, 1..8 = the first 8 ADE20k classes).",
                     out_help="data root (becomes the ADEChallengeData2016 equivalent)")
-    p.add_argument("--train", type=int, default=400, help="training images")
-    p.add_argument("--val", type=int, default=100, help="validation images")
+    p.add_argument("--train", type=item_count, default=400, help="training images")
+    p.add_argument("--val", type=item_count, default=100, help="validation images")
     p.add_argument("--height", type=int, default=72, help="image height in pixels")
     p.add_argument("--width", type=int, default=96, help="image width in pixels (ADE20k images are mostly landscape)")
     a = p.parse_args(argv)

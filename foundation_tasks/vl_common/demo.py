@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from foundation.engine.demo_cli import demo_parser, free_out, timed
+from foundation.engine.demo_cli import demo_parser, free_out, item_count, timed
 from foundation_tasks.vl_common.scenes import (  # noqa: F401  (re-exported: the demo's scene vocabulary)
     CATEGORIES, COLORS, NUMBER_WORDS, RELATIONS, SHAPES, SPLIT_CODES, SUPERSAMPLE, VQA_FIRST_IMAGE_ID, Obj, SceneSpec,
     count, make_scene, outline, relation, render, unique_by,
@@ -539,12 +539,12 @@ def main(argv: list[str] | None = None) -> int:
     p = demo_parser("vl", __doc__.split("\n\n")[0], out_help="output directory (vqa/, nlvr2/, coco/, text/)",
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--image-size", type=int, default=48)
-    p.add_argument("--vqa-train", type=int, default=2000, help="training images (questions-per-image questions each)")
-    p.add_argument("--vqa-val", type=int, default=300)
-    p.add_argument("--questions-per-image", type=int, default=5)
-    p.add_argument("--nlvr2-train", type=int, default=2000, help="training image pairs (two statements each)")
-    p.add_argument("--nlvr2-dev", type=int, default=300)
-    p.add_argument("--text-lines", type=int, default=20000)
+    p.add_argument("--vqa-train", type=item_count, default=2000, help="training images (questions-per-image questions each)")
+    p.add_argument("--vqa-val", type=item_count, default=300)
+    p.add_argument("--questions-per-image", type=item_count, default=5)
+    p.add_argument("--nlvr2-train", type=item_count, default=2000, help="training image pairs (two statements each)")
+    p.add_argument("--nlvr2-dev", type=item_count, default=300)
+    p.add_argument("--text-lines", type=item_count, default=20000)
     p.add_argument("--objects", type=int, nargs=2, default=[1, 3], metavar=("MIN", "MAX"), help="objects per scene (<= 5)")
     p.add_argument("--object-size", type=float, default=0.16, help="object radius, a fraction of the image side")
     a = p.parse_args(argv)

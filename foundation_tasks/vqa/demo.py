@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from foundation.engine.demo_cli import demo_parser, free_out, timed
+from foundation.engine.demo_cli import demo_parser, free_out, item_count, timed
 from foundation_tasks.vl_common.demo import (draw_statement, template_pattern, vqa_entry, write_nlvr2_pairs,
                                              write_vqa_files)
 from foundation_tasks.vl_common.scenes import count, unique_by  # any objects with .color / .shape / .name
@@ -258,11 +258,11 @@ def write_split(out: Path, split: str, n_images: int, per_image: int, seed: int,
 def main(argv: list[str] | None = None) -> int:
     p = demo_parser("vqa-shifted", __doc__.split("\n\n")[0], out_help="output directory (vqa/)")
     p.add_argument("--image-size", type=int, default=48, help="the tiny VQA recipe's input size")
-    p.add_argument("--train-images", type=int, default=2000)
-    p.add_argument("--val-images", type=int, default=300)
-    p.add_argument("--questions-per-image", type=int, default=5)
-    p.add_argument("--nlvr2-train", type=int, default=2000, help="training image pairs (two statements each)")
-    p.add_argument("--nlvr2-dev", type=int, default=300)
+    p.add_argument("--train-images", type=item_count, default=2000)
+    p.add_argument("--val-images", type=item_count, default=300)
+    p.add_argument("--questions-per-image", type=item_count, default=5)
+    p.add_argument("--nlvr2-train", type=item_count, default=2000, help="training image pairs (two statements each)")
+    p.add_argument("--nlvr2-dev", type=item_count, default=300)
     a = p.parse_args(argv)
     if a.image_size < 16:
         p.error("--image-size must be >= 16")

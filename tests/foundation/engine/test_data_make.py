@@ -49,3 +49,15 @@ def test_a_full_folder_a_file_and_a_read_only_folder_are_refused(tmp_path, capsy
         monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == read_only else real(p, mode, **kw))
     refused(capsys, name, read_only, "not writable")
     assert not list(read_only.iterdir())
+
+
+@pytest.mark.parametrize("name, flag", [("speech", "--train-per-voice"), ("segmentation", "--val"),
+                                        ("vision", "--train-per-class"), ("vl", "--nlvr2-dev"),
+                                        ("vqa-shifted", "--nlvr2-train")])
+def test_an_empty_split_is_refused_before_anything_is_written(tmp_path, capsys, name, flag):
+    """A count of 0 items would write a split that training or evaluation then rejects: the generator says so."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as e:
+        cli(["data", "make", name, "--out", str(out), flag, "0"])
+    assert e.value.code == 2 and not out.exists()
+    assert f"argument {flag}: must be at least 1, got 0" in capsys.readouterr().err
