@@ -32,13 +32,12 @@ import itertools
 import json
 import statistics
 import sys
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
 from foundation.engine.config import GuardConfig
-from foundation.engine.guard import LOSS_STEPS, Guard
+from foundation.engine.guard import Guard, LossRule
 from studies.runs import read_records, train_losses
 from studies.verdict import loss_spike, phase_starts
 
@@ -107,13 +106,12 @@ def first_firing(run: RunSeries, setting: Setting) -> Optional[int]:
     """The step at which ``Guard`` with ``setting`` first fires on the run's series (or, with a
     loss factor, the loss rule on its losses, whichever is first)."""
     guard = Guard(setting.factor, setting.window, setting.warmup)
-    loss_guard = Guard(setting.loss_factor, setting.window, setting.warmup) if setting.loss_factor else None
-    losses, last = run.losses or [float("nan")] * len(run.steps), deque(maxlen=LOSS_STEPS)
+    loss_rule = LossRule(setting.loss_factor, setting.window, setting.warmup) if setting.loss_factor else None
+    losses = run.losses or [float("nan")] * len(run.steps)
     for step, update, lr, loss in zip(run.steps, run.updates, run.lrs, losses):
-        if loss_guard is not None and loss == loss:
-            last.append(loss)  # the median of the last LOSS_STEPS logged losses, as the engine's of its steps'
-            if loss_guard.check(step, statistics.median(last), 0.0) is not None:
-                return step
+        # on the logged losses, as the engine's rule on its steps'
+        if loss_rule is not None and loss == loss and loss_rule.check(step, loss) is not None:
+            return step
         if step % setting.every == 0 and guard.check(step, update, lr) is not None:
             return step
     return None

@@ -158,6 +158,30 @@ class Guard:
         return None
 
 
+class LossRule:
+    """The loss rule: the median of the last ``LOSS_STEPS`` training losses (one hard batch is no
+    jump, a blow-up is) judged by a ``Guard`` as it is (no lr). ``check(step, loss)`` -> None or
+    the firing's record; the engine keeps one per kind of step, ``foundation compare guard``
+    replays it on logged losses."""
+
+    def __init__(self, factor: float, window: int, warmup: int):
+        self.guard = Guard(factor, window, warmup)
+        self.last: deque[float] = deque(maxlen=LOSS_STEPS)
+
+    @property
+    def firing(self) -> bool:
+        return self.guard.firing
+
+    def check(self, step: int, loss: float) -> Optional[dict[str, float]]:
+        self.last.append(loss)
+        return self.guard.check(step, statistics.median(self.last), 0.0)
+
+    def rolled_back(self) -> None:
+        """The losses it holds are gone with the steps rolled back; no episode is open."""
+        self.guard.firing = False
+        self.last.clear()
+
+
 class Snapshot:
     """The last good model and optimizer state, kept in memory for ``recover``."""
 
@@ -223,10 +247,8 @@ class Stability:
         self.monitor: Optional[UpdateMonitor] = None
         self.guard = Guard(cfg.factor, cfg.window, cfg.warmup)
         # one loss level per set of tasks a step trains and their phases (train.mix: sample draws tasks
-        # whose losses differ; the ASR head adds its transducer loss at rnnt_start): judged on the
-        # median of the last LOSS_STEPS losses, so that one hard batch is no jump but a blow-up is
-        self.loss_guards: dict[tuple, Guard] = {}
-        self.recent_losses: dict[tuple, deque[float]] = {}
+        # whose losses differ; the ASR head adds its transducer loss at rnnt_start)
+        self.loss_rules: dict[tuple, LossRule] = {}
         self.snapshots: deque[Snapshot] = deque(maxlen=2)  # the older one is rolled back to
         self.recoveries = 0
         self.actions: list[dict] = []
@@ -241,7 +263,7 @@ class Stability:
 
     @property
     def loss_guard_firing(self) -> bool:
-        return any(g.firing for g in self.loss_guards.values())
+        return any(r.firing for r in self.loss_rules.values())
 
     @property
     def firing(self) -> bool:
@@ -269,10 +291,8 @@ class Stability:
                     if fired is not None:
                         fired.update(signal="update", new_episode=fired["new_episode"] and not self.loss_guard_firing)
             if self.cfg.loss_factor and loss == loss:
-                guard = self.loss_guards.setdefault(kind, Guard(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))
-                last = self.recent_losses.setdefault(kind, deque(maxlen=LOSS_STEPS))
-                last.append(loss)
-                by_loss = guard.check(step, statistics.median(last), 0.0)  # lr 0: judged as it is
+                rule = self.loss_rules.setdefault(kind, LossRule(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))
+                by_loss = rule.check(step, loss)
                 if by_loss is not None and fired is None:
                     fired = {**by_loss, "signal": "loss", "new_episode": by_loss["new_episode"] and not self.guard.firing}
         action = self._act(step, fired) if fired is not None else {}
@@ -306,10 +326,9 @@ class Stability:
         self.snapshots.append(snap)  # rolling back twice goes to the same good state
         self.monitor.reset()
         self.monitor.measure()
-        for guard in (self.guard, *self.loss_guards.values()):
-            guard.firing = False
-        for last in self.recent_losses.values():  # the blown-up losses are gone with the steps rolled back
-            last.clear()
+        self.guard.firing = False
+        for rule in self.loss_rules.values():
+            rule.rolled_back()
         return {**action, "action": "recover", "rolled_back_to": snap.step,
                 "lr_scale": self.cfg.lr_backoff ** self.recoveries, "recoveries": self.recoveries}
 
