@@ -257,9 +257,16 @@ class Stability:
     def started(self) -> bool:
         return self.monitor is not None
 
-    def start(self, task_id: str, batch: Any) -> None:
+    def start(self, task_id: str, batch: Any, step: int = 0) -> None:
+        """Before the first step (of this process: ``step`` steps are done): the probe, and for
+        ``recover`` the first snapshot, so that a run blowing up in its first steps, before any
+        healthy snapshot, is rolled back to its start rather than only warned about."""
         self.monitor = UpdateMonitor(self.model, task_id, probe_items(batch, self.cfg.probe_items))
         self.monitor.measure()  # the reference: the model before its first step
+        if self.cfg.mode == "recover":
+            snap = Snapshot()
+            snap.take(step, self.model, self.optimizer)
+            self.snapshots.append(snap)
 
     @property
     def loss_guard_firing(self) -> bool:

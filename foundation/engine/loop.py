@@ -317,7 +317,7 @@ class Trainer:
             for i, (tid, weight) in enumerate(plan):
                 batch = to_device(next_batch(self.streams[tid], tid, "train"), env.device)
                 if self.stability is not None and not self.stability.started:  # the probe: the model before step 1
-                    self.stability.start(tid, batch)
+                    self.stability.start(tid, batch, self.step)
                 backward += 1
                 with distributed.grad_sync(self.wrapped, backward == total):  # forward and backward
                     with autocast(cfg, env.device):
