@@ -173,3 +173,30 @@ def test_a_loss_jump_fires_even_when_the_update_does_not(tmp_path):
     assert all(off.after_step(s, 1e-3, True, 100.0 * s, ())[1] == {} for s in range(1, 30))
     with pytest.raises(ConfigError, match="guard.loss_factor"):
         GuardConfig(loss_factor=0.5)
+
+
+def test_recover_rolls_a_blow_up_in_the_first_steps_back_to_the_start(tmp_path):
+    """Before any healthy snapshot (snapshot_every steps) the run's start is the state to go back to."""
+    from foundation.engine.config import GuardConfig
+    from foundation.engine.guard import Stability
+
+    model, batch = probe_model(tmp_path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    guard = Stability(GuardConfig(mode="recover", snapshot_every=10), model, optimizer, scheduler, lambda t, op: t)
+    guard.start("seq2seq", batch, step=0)
+    for step in (1, 2):  # two steps that move every weight, then a non-finite one
+        loss, _ = model("seq2seq", batch)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        guard.after_step(step, 1.0, True, float(loss), ())
+    assert not all(torch.equal(v, start[k]) for k, v in model.state_dict().items())
+    _, action = guard.after_step(3, 1.0, False)
+    assert action["action"] == "recover" and action["rolled_back_to"] == 0 and action["lr_scale"] == 0.5
+    assert all(torch.equal(v, start[k]) for k, v in model.state_dict().items())
+    assert not optimizer.state and optimizer.param_groups[0]["lr"] == 0.5  # Adam's moments gone with the steps
+    warn = Stability(GuardConfig(mode="warn"), model, optimizer, scheduler, lambda t, op: t)
+    warn.start("seq2seq", batch)
+    assert not warn.snapshots  # only recover keeps copies of the model
