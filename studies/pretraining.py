@@ -293,35 +293,45 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
 
 
 def pretrain_table(out: Path, pretrain_runs: dict, primaries: dict[str, str]) -> str:
-    """Each pretraining objective's own evaluation (its task's primary metric, in %), trained
-    alone with its modality and inside the cross-modal run."""
+    """Each pretraining objective's own evaluation (its task's primary metric: accuracies in %,
+    losses as they are), trained alone with its modality and inside the cross-modal run."""
     def summary(run: str) -> dict:
         path = out / f"pretrain-{run}" / "results.json"
         return json.loads(path.read_text())["summary"][0]["metrics"] if path.is_file() else {}
 
-    def fmt(m: Optional[dict]) -> str:
+    def fmt(m: Optional[dict], key: str) -> str:
         vals = [v for v in (m or {}).get("per_seed", []) if v is not None]
         if not vals:
             return "-"
-        return f"{m['mean'] * 100:.1f} ± {m['std'] * 100:.1f} (" + " / ".join(f"{v * 100:.1f}" for v in vals) + ")"
+        scale, digits = (1, 3) if key.endswith("loss") else (100, 1)
+        return (f"{m['mean'] * scale:.{digits}f} ± {m['std'] * scale:.{digits}f} ("
+                + " / ".join(f"{v * scale:.{digits}f}" for v in vals) + ")")
 
     cross = summary("crossmodal")
-    lines = ["| objective | metric (%) | its modality alone | cross-modal |", "|---|---|---|---|"]
+    lines = ["| objective | metric (accuracies in %) | its modality alone | cross-modal |", "|---|---|---|---|"]
     for run, ids in pretrain_runs.items():
         if run == "crossmodal":
             continue
         alone = summary(run)
         for i in ids:
             key = f"{i}/{primaries.get(i, 'accuracy')}"
-            lines.append(f"| {i} (`{run}` run) | {key} | {fmt(alone.get(key))} | {fmt(cross.get(key))} |")
+            lines.append(f"| {i} (`{run}` run) | {key} | {fmt(alone.get(key), key)} | {fmt(cross.get(key), key)} |")
     return "\n".join(lines)
+
+
+def budget_text(ft: Recipe) -> str:
+    """The recipe's scarcest budget in words: "10 labelled images per class", "10 % of the questions"."""
+    budget = ft.label_budgets[0]
+    if ft.label_unit.startswith("fraction of "):
+        return f"{float(budget) * 100:g} % of {ft.label_unit[len('fraction of '):]}"
+    return f"{budget} {ft.label_unit}"
 
 
 def write_report(out: Path, cells: dict, finetunes, norm, seeds, pre_config, arch, command,
                  pretrain_runs: dict, objectives: str = "", scarce: bool = False) -> None:
     shape = ", ".join(f"{k} {v}" for k, v in arch.items())
-    budgets = "; ".join(f"{ft.task}: {ft.label_budgets[0]} {ft.label_unit}"
-                        + (f", {ft.label_steps} steps" if ft.label_steps else "") for ft in finetunes) if scarce else ""
+    budgets = "; ".join(f"{ft.task}: {budget_text(ft)}" + (f", {ft.label_steps} steps" if ft.label_steps else "")
+                        for ft in finetunes) if scarce else ""
     parts = [
         "# Cross-modal vs single-modality pretraining",
         "",

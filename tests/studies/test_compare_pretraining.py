@@ -156,8 +156,12 @@ def test_scarce_fine_tunes_every_init_on_the_scarcest_budget(tmp_path, write_con
             cfg = OmegaConf.load(out / f"classification-{init}" / "runs" / f"magneto_lr0.002_seed{seed}" / "config.yaml")
             task = cfg.tasks[0]
             assert (task.train_per_class, task.subset_seed, cfg.train.steps) == (1, seed, 2)
-    assert "on its scarcest label budget (classification: 1 labelled images per class, 2 steps)" in (
-        out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "on its scarcest label budget (classification: 1 labelled images per class, 2 steps)" in report
+    assert re.search(r"\| mim \(`vision` run\) \| mim/pix_loss \| \d\.\d{3} ± 0\.\d{3} \(\d\.\d{3} / \d\.\d{3}\) \|", report)
+    questions = Recipe("vqa", "x.yaml", "vqa_accuracy", 100, label_budgets=("0.1", "all"),
+                       label_unit="fraction of the questions")
+    assert cp.budget_text(questions) == "10 % of the questions"
 
 
 def test_scarce_leaves_out_the_tasks_without_label_budgets(capsys):
