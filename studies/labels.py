@@ -105,10 +105,6 @@ def parse_budgets(text: str, recipe: Recipe) -> list[str]:
     return out
 
 
-def metric_key(recipe: Recipe) -> str:
-    return f"{recipe.task}/{recipe.metric}"
-
-
 def higher_is_better(recipe: Recipe) -> bool:
     from foundation.engine.task import get_task
 
@@ -181,7 +177,7 @@ class Study:
 def score(run_dir: Path, recipe: Recipe) -> Optional[float]:
     if runs.status(run_dir) != "finished":
         return None
-    value = runs.last_eval(runs.read_records(run_dir))[1].get(metric_key(recipe))
+    value = runs.last_eval(runs.read_records(run_dir))[1].get(recipe.metric_key)
     return None if value is None else value * recipe.scale
 
 
@@ -235,7 +231,7 @@ def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps(
         {"command": command, "norms": list(norms), "seeds": list(seeds),
-         "tasks": [{"task": r.task, "metric": metric_key(r), "higher_is_better": higher_is_better(r),
+         "tasks": [{"task": r.task, "metric": r.metric_key, "higher_is_better": higher_is_better(r),
                     "budgets": b, "inits": i} for r, b, i in plan],
          "cells": results}, indent=1))
     plot(out / "labels.png", table, plan, norms)

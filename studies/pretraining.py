@@ -278,7 +278,8 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
         for init in INITS:
             cell_out, config = out / f"{ft.task}-{init}", recipe[ft.task]
             specs = grid([norm], seeds, [lrs[config]])
-            primary, higher = Runner(config, cell_out, overrides(ft, init, seeds[0])).check(specs[:1])
+            higher = Runner(config, cell_out, overrides(ft, init, seeds[0])).check(specs[:1])[1]
+            primary = ft.metric_key  # the recipe's metric, as the label study and the demo read it (ASR: test WER)
             outcomes = [judge(spec, cell_out / "runs" / spec.name, Rules()) for spec in specs]
             write_cell_report(cell_out, config, outcomes, [norm], seeds, [lrs[config]], primary, higher, command, Rules(),
                               "Every seed fine-tunes from the pretraining runs of the same seed.")

@@ -52,6 +52,11 @@ class Recipe:
     def stage_name(self) -> str:
         return self.stage or self.task
 
+    @property
+    def metric_key(self) -> str:
+        """``metric`` as the runs log it (``<task>/<metric>``): the value every study's table shows."""
+        return f"{self.task}/{self.metric}"
+
     def label_overrides(self, budget: str, seed: int) -> list[str]:
         """A fine-tuning run's label budget ("all" = every label) drawn with ``seed`` (nested subsets: a
         seed's 10 images per class are among its 100), and the steps of ``label_steps``."""

@@ -29,10 +29,11 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys, toy, seq2seq, write
     # the fine-tuning task is reversal, with a narrower recipe than the pretraining backbone:
     # every init gets the pretraining shape
     pre = write_config(pretraining_config(toy, seq2seq), "pre.yaml")
-    ft_cfg = toy(3, [seq2seq(problem="reverse")], eval_every=0)
+    ft_cfg = toy(3, [seq2seq(id="rev", problem="reverse")], eval_every=0)
     ft_cfg["backbone"].update(dim=8, ffn_dim=16)
     ft_cfg["optim"]["lr"] = 1e-3  # its own lr, not the pretraining one
-    ft = Recipe("rev", str(write_config(ft_cfg, "ft.yaml")), "exact_match", 100, modality="rev")
+    # the cells show the recipe's metric, not the config's checkpoint metric (exact_match)
+    ft = Recipe("rev", str(write_config(ft_cfg, "ft.yaml")), "token_accuracy", 100, modality="rev")
     runs = {"rev": ("rev",), "srt": ("srt",), "crossmodal": ("rev", "srt")}
     base, specs = load_config(pre, check_data=False)
     arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
@@ -73,12 +74,12 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys, toy, seq2seq, write
     results = json.loads((out / "results.json").read_text())
     cells = {(c["task"], c["init"]): c for c in results["cells"]}
     assert set(cells) == {("rev", i) for i in cp.INITS}
-    assert all(len(c["per_seed"]) == 2 and c["metric"] == "exact_match" for c in cells.values())
+    assert all(len(c["per_seed"]) == 2 and c["metric"] == "token_accuracy" for c in cells.values())
     cell = json.loads((out / "rev-single" / "results.json").read_text())  # each cell's compare report: both seeds
     assert [r["seed"] for r in cell["runs"]] == [0, 1] and (out / "rev-single" / "curves.png").is_file()
     assert json.loads((out / "pretrain-rev" / "results.json").read_text())["seeds"] == [0, 1]
     report = (out / "report.md").read_text()
-    assert "| rev | exact_match ↑ |" in report and "| srt |" not in report  # srt was not run
+    assert "| rev | token_accuracy ↑ |" in report and "| srt |" not in report  # srt was not run
     # the objective alone and in the cross-modal run, both seeds
     row = next(line for line in report.splitlines() if line.startswith("| rev (`rev` run) | rev/exact_match |"))
     assert len(re.findall(r"\(\d+\.\d / \d+\.\d\)", row)) == 2
