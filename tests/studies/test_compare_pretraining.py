@@ -90,6 +90,12 @@ def test_pretraining_comparison_end_to_end(tmp_path, capsys, toy, seq2seq, write
     assert go() == 0
     assert {p: p.stat().st_mtime for p in out.rglob("metrics.jsonl")} == stamps
     assert "training ..." not in capsys.readouterr().out
+    # a fine-tuning recipe changed under finished cells: one line per cell, no report from stale runs
+    ft_cfg["train"]["steps"] = 4
+    write_config(ft_cfg, "ft.yaml")
+    assert go() == 1
+    err = capsys.readouterr().err
+    assert "holds a run of another configuration" in err and "fine-tuning failed:" in err and "rev-scratch seed 0" in err
 
 
 def test_a_bad_recipe_stops_everything_before_training(tmp_path, capsys, toy, seq2seq, write_config):
