@@ -40,6 +40,26 @@ def batch_norm_cfg(sync: bool) -> dict:
     return dict(type="BN", requires_grad=True)
 
 
+class ClassWeightedCE(nn.Module):
+    """Cross-entropy with per-class weights, averaged over the labelled pixels by their weights
+    (what mmseg's ``CrossEntropyLoss(class_weight=...)`` means). Its own implementation fails on any
+    ignored pixel (it indexes the weights with label 255: open-mmlab/mmsegmentation#3734), so
+    ``F.cross_entropy``, which does this reduction itself, stands in with mmseg's call signature."""
+
+    loss_name = "loss_ce"
+
+    def __init__(self, class_weight: Sequence[float], loss_weight: float = 1.0):
+        super().__init__()
+        self.register_buffer("class_weight", torch.tensor(list(class_weight), dtype=torch.float32), persistent=False)
+        self.loss_weight = loss_weight
+
+    def forward(self, logits: torch.Tensor, label: torch.Tensor, weight=None, ignore_index: int = 255) -> torch.Tensor:
+        if weight is not None:
+            raise ValueError("ClassWeightedCE takes no per-pixel weights (no pixel sampler in this head)")
+        return self.loss_weight * F.cross_entropy(logits.float(), label, weight=self.class_weight.to(logits.device),
+                                                  ignore_index=ignore_index)
+
+
 class UperNetHead(ViTFrontEnd):
     """``head(backbone, batch) -> (loss, logs)``; ``logits(backbone, images)`` for inference."""
 
@@ -63,6 +83,7 @@ class UperNetHead(ViTFrontEnd):
         final_norm: bool = False,
         sync_bn: bool = True,
         pos_init: str = "trunc_normal",
+        class_weight: Sequence[float] | None = None,
     ):
         # dynamic size: whole-image inference at any multiple of the patch size
         super().__init__(dim, img_size, patch_size, 3, pos_init, class_token=class_token, abs_pos_embed=abs_pos_embed,
@@ -82,6 +103,10 @@ class UperNetHead(ViTFrontEnd):
             dropout_ratio=dropout_ratio, num_classes=num_classes, norm_cfg=norm_cfg, align_corners=False,
             loss_decode=ce(aux_weight),
         ) if aux_weight > 0 else None
+        if class_weight is not None:
+            for head in (self.decode_head, self.auxiliary_head):
+                if head is not None:
+                    head.loss_decode = ClassWeightedCE(class_weight, head.loss_decode.loss_weight)
         # mmseg's init_cfg of its decode heads: normal(0, 0.01) on the classifier conv
         for head in (self.decode_head, self.auxiliary_head):
             if head is not None:

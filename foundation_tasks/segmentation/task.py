@@ -44,6 +44,9 @@ class SegmentationConfig:
     aux_channels: int = 256  # FCNHead
     aux_index: int = 2
     aux_weight: float = 0.4  # 0 = no auxiliary head
+    # per-class weights of both heads' cross-entropy (mmseg's CrossEntropyLoss class_weight), one per class;
+    # null: every class 1 (BEiT's ADE20k recipe)
+    class_weight: Optional[List[float]] = None
     dropout_ratio: float = 0.1
     sync_bn: bool = True  # SyncBN under multi-GPU training (BN otherwise)
     ratio_range: List[float] = field(default_factory=lambda: [0.5, 2.0])  # RandomResize of (4 crop, crop)
@@ -71,6 +74,9 @@ class SegmentationConfig:
             raise bad("aux_index", f"must index the {len(self.out_indices)} neck outputs")
         if self.aux_weight < 0:
             raise bad("aux_weight", "must be >= 0")
+        if self.class_weight is not None and (len(self.class_weight) != self.num_classes
+                                              or any(not w >= 0 for w in self.class_weight)):
+            raise bad("class_weight", f"must be {self.num_classes} weights >= 0, one per class (num_classes), or null")
         if self.pos_embed_init not in POS_INITS:
             raise bad("pos_embed_init", f"must be one of {', '.join(POS_INITS)}")
         if self.train_fraction is not None and not 0 < self.train_fraction <= 1:
@@ -121,7 +127,7 @@ class Segmentation(Task):
             rescales=c.rescales, channels=c.channels, pool_scales=c.pool_scales, aux_channels=c.aux_channels,
             aux_index=c.aux_index, aux_weight=c.aux_weight, dropout_ratio=c.dropout_ratio,
             class_token=c.class_token, abs_pos_embed=c.abs_pos_embed, final_norm=self.backbone_cfg.has_final_norm,
-            sync_bn=c.sync_bn, pos_init=c.pos_embed_init,
+            sync_bn=c.sync_bn, pos_init=c.pos_embed_init, class_weight=c.class_weight,
         )
         return head
 

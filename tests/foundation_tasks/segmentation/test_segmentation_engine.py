@@ -186,6 +186,62 @@ def test_engine_trains_and_evaluates_with_slide_and_whole(tmp_path, ade_tree):
     torch.testing.assert_close(two[..., :6], one_window[..., :6])
 
 
+def test_class_weight_is_the_weighted_mean_over_labelled_pixels(tmp_path, ade_tree):
+    """class_weight reaches both heads' loss as sum_i w[y_i] nll_i / sum_i w[y_i] over the labelled
+    pixels (brute force here), with ignored pixels in the batch (where mmseg's own class_weight path
+    fails), and with every weight 1 it is mmseg's CrossEntropyLoss(avg_non_ignore=True)."""
+    from mmseg.models.losses import CrossEntropyLoss
+
+    from foundation_tasks.segmentation.model import ClassWeightedCE
+
+    weights = [0.5, 2.0, 1.0, 1.0, 4.0, 1.0, 1.0, 2.5]
+    logits = torch.randn(2, demo.NUM_CLASSES, 5, 6)
+    label = torch.randint(0, demo.NUM_CLASSES, (2, 5, 6))
+    label[0, :2] = 255
+    nll = -torch.log_softmax(logits, 1).gather(1, label.clamp(max=demo.NUM_CLASSES - 1)[:, None])[:, 0]
+    keep = label != 255
+    w = torch.tensor(weights)[label.clamp(max=demo.NUM_CLASSES - 1)] * keep
+    expected = 0.4 * (w * nll).sum() / w.sum()
+    torch.testing.assert_close(ClassWeightedCE(weights, 0.4)(logits, label), expected)
+    ones = ClassWeightedCE([1.0] * demo.NUM_CLASSES)(logits, label)
+    torch.testing.assert_close(ones, CrossEntropyLoss(avg_non_ignore=True)(logits, label, ignore_index=255))
+
+    cfg, specs = resolve(seg_config(tmp_path, ade_tree, class_weight=weights))
+    model = build_model(cfg, specs)
+    head = model.heads["segmentation"]
+    labels = torch.randint(0, demo.NUM_CLASSES, (2, 16, 16))
+    labels[:, :4] = 255  # "other" (ADE's 0, reduce_zero_label)
+    loss, _ = head(model.backbone, {"images": torch.randn(2, 3, 16, 16), "labels": labels})
+    loss.backward()
+    assert torch.isfinite(loss) and head.decode_head.conv_seg.weight.grad.abs().sum() > 0
+    for h in (head.decode_head, head.auxiliary_head):
+        assert isinstance(h.loss_decode, ClassWeightedCE) and h.loss_decode.class_weight.tolist() == weights
+    assert head.auxiliary_head.loss_decode.loss_weight == 0.4
+    with pytest.raises(ConfigError, match=r"field 'class_weight': must be 8 weights >= 0, one per class"):
+        resolve(seg_config(tmp_path, ade_tree, class_weight=[1.0, 2.0]))
+
+
+def test_class_weights_tool_counts_the_training_pixels(tmp_path, ade_tree, capsys):
+    import numpy as np
+    import yaml
+    from PIL import Image
+
+    from foundation_tasks.segmentation.class_weights import balanced_weights, main, pixel_shares
+
+    counts = np.zeros(9)
+    for png in (ade_tree / "annotations" / "training").glob("*.png"):
+        counts += np.bincount(np.asarray(Image.open(png)).ravel(), minlength=256)[:9]
+    np.testing.assert_allclose(pixel_shares(ade_tree, 8), counts[1:] / counts[1:].sum())
+    # median share 0.3: 0.1 -> sqrt(3), 0.6 -> sqrt(1/2); a class that never occurs weighs 1
+    assert balanced_weights(np.array([0.1, 0.3, 0.6, 0.0])) == [1.732, 1.0, 0.707, 1.0]
+    assert balanced_weights(np.array([0.1, 0.3, 0.6, 0.0]), power=1.0) == [3.0, 1.0, 0.5, 1.0]
+    assert main([str(ade_tree), "--num-classes", "8"]) == 0
+    line = yaml.safe_load(capsys.readouterr().out)
+    resolve(seg_config(tmp_path, ade_tree, **line))  # the printed line is a valid config field
+    assert main([str(tmp_path / "nowhere"), "--num-classes", "8"]) == 2
+    assert "field 'data_root': directory not found" in capsys.readouterr().err
+
+
 def test_engine_init_from_a_mim_run_loads_backbone_and_front_end(tmp_path, ade_tree):
     path = tmp_path / "mim.safetensors"
     src = mim_like_checkpoint(path, grid=4, rel_pos=False)
