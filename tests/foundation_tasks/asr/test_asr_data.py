@@ -60,7 +60,7 @@ def test_the_demo_holds_out_accents_and_variants_not_only_voices():
 
     splits = {k: [v.split("+") for v in voices] for k, voices in demo_voices().items()}
     train_accents, train_variants = {a for a, _ in splits["train"]}, {v for _, v in splits["train"]}
-    assert len(splits["train"]) == 60 and len(train_accents) == 6 and len(train_variants) == 10
+    assert len(splits["train"]) == 144 and len(train_accents) == 6 and len(train_variants) == 24
     for split in ("dev", "test"):
         assert splits[split] and all(a not in train_accents and v not in train_variants for a, v in splits[split])
     assert not set(map(tuple, splits["dev"])) & set(map(tuple, splits["test"]))
