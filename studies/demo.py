@@ -248,7 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         return max(1, round(stage.steps * a.steps_scale))
 
     def stage_overrides(stage: Recipe) -> list[str]:
-        return [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps(stage)}",
+        warmup = [f"schedule.warmup_steps={round(stage.warmup * steps(stage))}"] if stage.warmup else []
+        return [*stage.overrides, *data_overrides(stage, a.data), f"train.steps={steps(stage)}", *warmup,
                 "eval.every=0", "save.every=0", "save.keep=1"]
 
     def lrs_of(stage: Recipe) -> dict[str, float]:  # each norm at the config's lr for it

@@ -26,6 +26,7 @@ class Recipe:
     data_path: str = "{root}"  # that folder: {root} = the data set's folder (as its generator declares it)
     steps: int = 0  # training steps of a demo run (0 = not in the demo)
     overrides: tuple[str, ...] = ()  # demo runs: more overrides (e.g. no pretrained weights)
+    warmup: float = 0.0  # demo runs warm up for this fraction of their steps (0: the config's warmup_steps)
     minutes: float = 1.0  # how long one demo run takes on one idle core: longest runs start first
     init_from_stage: str = ""  # demo runs start from this stage's run of the same norm and seed (its best model)
     baseline: str = ""  # what the metric is without learning, shown beside it

@@ -22,6 +22,9 @@ def test_demo_one_stage_from_nothing(tmp_path, capsys):
     assert cells[3] == "chance 10.0"  # what a model that learnt nothing scores, beside the numbers
     assert cells[4].startswith(">= 85: ")  # the bar, and whether both runs reached it
     assert cells[5] == str(round(demo.stages()[0].steps * 0.02))  # the vision stage's steps x 0.02
+    import yaml
+    configs = [yaml.safe_load(p.read_text()) for p in (out / "vision").rglob("config.yaml")]
+    assert configs and all(c["schedule"]["warmup_steps"] == round(15 / 3) for c in configs)  # the recipe's third
     # the same command again reuses the data and the finished runs
     rc = demo.main(["--only", "vision", "--steps-scale", "0.02", "--data", str(data), "--out", str(out), "--jobs", "1"])
     assert rc == 0 and "exists, reused" in capsys.readouterr().out
@@ -65,7 +68,7 @@ def test_stages_are_the_tasks_recipes_in_the_demo_order():
             s.minutes) for s in demo.stages()]
     assert got == [
         ("vision", "configs/vision/tiny_finetune.yaml", "vision", 750, "top1", 100, ("init_from=null",), 2.0),
-        ("segmentation", "configs/segmentation/tiny.yaml", "segmentation", 400, "mIoU", 1, (), 2),
+        ("segmentation", "configs/segmentation/tiny.yaml", "segmentation", 300, "mIoU", 1, (), 2),
         ("asr", "configs/asr/tiny.yaml", "speech", 1400, "wer_test", 1, (), 6.0),
         ("vqa", "configs/vl/tiny_vqa.yaml", "vl", 1500, "vqa_accuracy", 100, (), 3.0),
         ("nlvr2", "configs/vl/tiny_nlvr2.yaml", "vl", 400, "accuracy", 100, (), 1.0),
