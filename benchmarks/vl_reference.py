@@ -13,7 +13,8 @@ AdamW with linear warmup + cosine decay. VQA: BCE on the soft scores over the ma
 answers of the training split, the official accuracy (``foundation_tasks.vqa.metrics``); NLVR2: each
 image through the FiLM'd CNN with the sentence, the two pooled features concatenated, a
 True / False MLP. Prints accuracy on the held-out split, on its seen / held-out-template
-items (the demo sets' ``is_held_out``: ``vl`` and ``vqa-shifted``), and with the images permuted within the split
+items (the demo sets' ``is_held_out``: ``vl`` and ``vqa-shifted``), VQA by answer type (as the VQA runs log it),
+and with the images permuted within the split
 (a model that ignores the images scores the same).
 """
 from __future__ import annotations
@@ -77,6 +78,7 @@ def vqa_split(root: Path, split: str) -> dict:
             "text": [q["question"] for q in qs],
             "answers": [[a["answer"] for a in anns[q["question_id"]]["answers"]] for q in qs],
             "majority": [normalize_answer(anns[q["question_id"]]["multiple_choice_answer"]) for q in qs],
+            "answer_type": [anns[q["question_id"]].get("answer_type", "") for q in qs],
             # the demo sets mark questions in held-out wordings in their question_type (vl and vqa-shifted alike)
             "held": [anns[q["question_id"]].get("question_type", "").startswith("held-out") for q in qs]}
 
@@ -216,8 +218,11 @@ def train(a: argparse.Namespace) -> dict:
     shuffled = evaluate(va["image"][torch.randperm(len(va["image"]), generator=torch.Generator().manual_seed(123))])
     held = va["held"] if "held" in va else [home.is_held_out(t) or shifted.is_held_out(t) for t in va["text"]]
     mean = lambda xs: 100 * sum(xs) / max(1, len(xs))  # noqa: E731
+    types = {t: mean([s for s, u in zip(scores, va["answer_type"]) if u == t])
+             for t in sorted(set(va.get("answer_type", [])) - {""})}
     return {"accuracy": mean(scores), "seen": mean([s for s, h in zip(scores, held) if not h]),
-            "held_out": mean([s for s, h in zip(scores, held) if h]), "shuffled": mean(shuffled), "seconds": seconds}
+            "held_out": mean([s for s, h in zip(scores, held) if h]), "shuffled": mean(shuffled),
+            "by_answer_type": types, "seconds": seconds}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.task} reference ({a.fusion}, {a.steps} steps of {a.batch_size}, seed {a.seed}): "
           f"accuracy {r['accuracy']:.1f} (seen {r['seen']:.1f} / held-out {r['held_out']:.1f}), "
           f"images shuffled {r['shuffled']:.1f}; {r['seconds']:.0f} s training")
+    if r["by_answer_type"]:  # as the VQA runs log them (vqa_accuracy_yes_no, _number, _other)
+        print("by answer type: " + ", ".join(f"{t} {v:.1f}" for t, v in r["by_answer_type"].items()))
     return 0
 
 
