@@ -22,7 +22,9 @@ decaying schedule reads as a falling update. The guard fires when that rate exce
 ``guard.warmup`` of them), or when the training loss (the median of the last 3 steps') exceeds ``guard.loss_factor``
 times the median of its last ``guard.window`` healthy steps: the update measure misses some blow-ups
 (on the 12-layer seq2seq ladder DeepNorm's, whose update stays level while the loss climbs),
-and a rollback needs no lead. ``warn`` says so in one line per
+and a rollback needs no lead. A third rule sees a run that learnt and then lost it without any jump
+(``guard.giveback``, ``GivebackRule``): the loss climbing back over tens of steps to the plateau
+it had left. ``warn`` says so in one line per
 episode; ``recover`` rolls the model and optimizer back to the last state kept in memory
 (every ``guard.snapshot_every`` healthy steps), multiplies the learning rate by
 ``guard.lr_backoff`` for the rest of the run, and goes on. Every firing is written to the
@@ -42,6 +44,9 @@ from foundation.engine.data import seeded
 
 PROBE_SEED = 20_240_917  # the probe forward's RNG (masks a head may draw); restored after
 LOSS_STEPS = 3  # the loss rule judges the median of this many last training losses
+GIVEBACK_STEPS = 30  # the giveback rule judges the median of this many last training losses
+GIVEBACK_ARMED = 0.25  # ... once the run's best is at least this far (relative) below its first
+GIVEBACK_NOISE = 4.0  # ... and by more than this many standard errors of that median
 
 
 def first_tensor(value: Any) -> Optional[torch.Tensor]:
@@ -182,6 +187,68 @@ class LossRule:
         self.last.clear()
 
 
+class GivebackRule:
+    """A run that learnt and then lost it: the training loss (the median of the last
+    ``GIVEBACK_STEPS`` steps', which no noisy batch moves) has given back more than ``giveback`` of
+    the progress it had made, first -> best. Armed only once the run has made real progress (its best
+    at most ``1 - GIVEBACK_ARMED`` x its first), so a run that never left its plateau is not judged.
+
+    The update and loss rules miss this failure: on the 12-layer seq2seq ladder with a 100-step
+    warm-up, lr 0.03 takes the loss from 2.7 to 1.2-1.6 and then, as the lr peaks, back to the
+    2.4 plateau over 40-60 steps, each step within 1.5x of the recent ones. Calibrated by replaying
+    the logged losses (docs/studies.md): 30 steps and 0.5 catch those three collapses and fire in none
+    of 81 healthy runs of the ladders and the tiny recipes; 10 or 20 steps fire in noisy NLVR2 runs.
+    ``check(step, loss)`` -> None or the firing's record (``update``: the smoothed loss, ``level``: its best)."""
+
+    def __init__(self, giveback: float, steps: int = 0):
+        self.giveback = giveback
+        self.last: deque[float] = deque(maxlen=steps or GIVEBACK_STEPS)
+        self.first: Optional[float] = None
+        self.best = float("inf")
+        self.firing = False
+
+    @property
+    def smoothed(self) -> Optional[float]:
+        return statistics.median(self.last) if len(self.last) == self.last.maxlen else None
+
+    @property
+    def at_best(self) -> bool:
+        """The loss is at its best so far, now and not only on average (the 30-step median lags a
+        climb by up to 15 steps; the last few losses do not): a state worth rolling back to."""
+        s = self.smoothed
+        return s is not None and s <= self.best and statistics.median(list(self.last)[-LOSS_STEPS:]) <= self.best
+
+    def check(self, step: int, loss: float) -> Optional[dict[str, float]]:
+        self.last.append(loss)
+        s = self.smoothed
+        if s is None:
+            return None
+        if self.first is None:
+            self.first = self.best = s
+            return None
+        self.best = min(self.best, s)
+        progress = self.first - self.best
+        armed = self.best <= (1 - GIVEBACK_ARMED) * self.first
+        # and beyond the noise: the best is the lowest of many noisy medians, so a median a few of its
+        # standard errors (1.25 x the losses' robust std / sqrt(n)) above it is no change at all
+        mad = statistics.median(abs(x - s) for x in self.last)
+        noise = GIVEBACK_NOISE * 1.25 * 1.4826 * mad / len(self.last) ** 0.5
+        if armed and s > self.best + max(self.giveback * progress, noise):
+            new = not self.firing
+            self.firing = True
+            return {"step": step, "update": s, "rate": (s - self.best) / progress, "level": self.best,
+                    "first": self.first, "new_episode": new}
+        if self.firing and s > self.best + 0.5 * self.giveback * progress:
+            return None  # still inside the episode (hysteresis, as the other rules)
+        self.firing = False
+        return None
+
+    def rolled_back(self) -> None:
+        """Back at (or near) the best state: its losses start a new window; first and best stay."""
+        self.firing = False
+        self.last.clear()
+
+
 class Snapshot:
     """The last good model and optimizer state, kept in memory for ``recover``."""
 
@@ -249,6 +316,10 @@ class Stability:
         # one loss level per set of tasks a step trains and their phases (train.mix: sample draws tasks
         # whose losses differ; the ASR head adds its transducer loss at rnnt_start)
         self.loss_rules: dict[tuple, LossRule] = {}
+        self.giveback_rules: dict[tuple, GivebackRule] = {}
+        # recover: the last snapshot taken while a kind of step's loss was at its best, what a giveback
+        # rolls back to (the regular snapshots are from inside the slow climb by the time it fires)
+        self.best_snapshot: Optional[tuple[tuple, Snapshot]] = None
         self.snapshots: deque[Snapshot] = deque(maxlen=2)  # the older one is rolled back to
         self.recoveries = 0
         self.actions: list[dict] = []
@@ -274,7 +345,7 @@ class Stability:
 
     @property
     def firing(self) -> bool:
-        return self.guard.firing or self.loss_guard_firing
+        return self.guard.firing or self.loss_guard_firing or any(r.firing for r in self.giveback_rules.values())
 
     def after_step(self, step: int, lr: float, finite: bool, loss: float = float("nan"),
                    kind: tuple = ()) -> tuple[dict[str, float], dict]:
@@ -302,26 +373,43 @@ class Stability:
                 by_loss = rule.check(step, loss)
                 if by_loss is not None and fired is None:
                     fired = {**by_loss, "signal": "loss", "new_episode": by_loss["new_episode"] and not self.guard.firing}
+            if self.cfg.giveback and loss == loss:
+                others = self.firing
+                rule = self.giveback_rules.setdefault(kind, GivebackRule(self.cfg.giveback))
+                by_giveback = rule.check(step, loss)
+                if by_giveback is not None and fired is None:
+                    fired = {**by_giveback, "signal": "giveback", "kind": kind,
+                             "new_episode": by_giveback["new_episode"] and not others}
         action = self._act(step, fired) if fired is not None else {}
         healthy = fired is None and finite and not self.firing
         if healthy and self.cfg.mode == "recover" and step % self.cfg.snapshot_every == 0:
-            snap = self.snapshots[0] if len(self.snapshots) == self.snapshots.maxlen else Snapshot()
+            reuse = len(self.snapshots) == self.snapshots.maxlen and (
+                self.best_snapshot is None or self.snapshots[0] is not self.best_snapshot[1])
+            snap = self.snapshots[0] if reuse else Snapshot()
             snap.take(step, self.model, self.optimizer)
             self.snapshots.append(snap)
+            rule = self.giveback_rules.get(kind)
+            if rule is not None and rule.at_best:
+                self.best_snapshot = (kind, snap)
         if action:
             self.actions.append(action)
         return record, action
 
     def _act(self, step: int, fired: dict) -> dict:
         # "update": the signal's value (the model update, or the loss with signal "loss")
+        # ratio: how far above its level the signal is; for a giveback, the share of the progress lost
+        ratio = fired["rate"] if fired["signal"] == "giveback" else (
+            fired["rate"] / fired["level"] if fired["level"] else float("nan"))
         action = {"step": step, "signal": fired["signal"], "update": fired["update"], "level": fired["level"],
-                  "ratio": fired["rate"] / fired["level"] if fired["level"] else float("nan")}
+                  "ratio": ratio}
         if self.cfg.mode == "warn":
             return {**action, "action": "warn"} if fired["new_episode"] else {}
         if not self.snapshots or self.recoveries >= self.cfg.max_recoveries:
             return {**action, "action": "warn", "why": "no snapshot yet" if not self.snapshots
                     else f"guard.max_recoveries={self.cfg.max_recoveries} reached"} if fired["new_episode"] else {}
         snap = self.snapshots[0]
+        if fired["signal"] == "giveback" and self.best_snapshot is not None and self.best_snapshot[0] == fired["kind"]:
+            snap = self.best_snapshot[1]
         snap.restore(self.model, self.optimizer)
         sched = self.scheduler
         for i, group in enumerate(self.optimizer.param_groups):
@@ -334,7 +422,7 @@ class Stability:
         self.monitor.reset()
         self.monitor.measure()
         self.guard.firing = False
-        for rule in self.loss_rules.values():
+        for rule in [*self.loss_rules.values(), *self.giveback_rules.values()]:
             rule.rolled_back()
         return {**action, "action": "recover", "rolled_back_to": snap.step,
                 "lr_scale": self.cfg.lr_backoff ** self.recoveries, "recoveries": self.recoveries}

@@ -501,14 +501,20 @@ class Trainer:
     def _guard(self, action: dict[str, Any], log: MetricsLog) -> None:
         """One line and one ``guard`` event per warning (once an episode) or recovery."""
         what = "the training loss" if action["signal"] == "loss" else "the model update"
+        if action["signal"] == "giveback":
+            jumped = (f"the training loss climbed back to {action['update']:.4g} from its best {action['level']:.4g}, "
+                      f"losing {action['ratio']:.0%} of its progress")
+        else:
+            jumped = f"{what} jumped to {action['ratio']:.1f}x its recent level"
         if action["action"] == "recover":
-            line = (f"guard: step {self.step}: {what} jumped to {action['ratio']:.1f}x its recent level; "
+            line = (f"guard: step {self.step}: {jumped}; "
                     f"rolled back to step {action['rolled_back_to']}, learning rate x{action['lr_scale']:g} from now "
                     f"(recovery {action['recoveries']} of guard.max_recoveries={self.cfg.guard.max_recoveries})")
         else:
-            value = f"{action['update']:.4g}" if action["signal"] == "loss" else f"{action['update']:.3g} a step"
-            line = (f"guard: step {self.step}: {what} jumped to {action['ratio']:.1f}x its recent level "
-                    f"({value}); the run may be diverging"
+            value = "" if action["signal"] == "giveback" else (
+                f" ({action['update']:.4g})" if action["signal"] == "loss" else f" ({action['update']:.3g} a step)")
+            line = (f"guard: step {self.step}: {jumped}{value}; the run may be "
+                    + ("losing what it learnt" if action["signal"] == "giveback" else "diverging")
                     + (f" ({action['why']})" if "why" in action else " (guard.mode=recover rolls back)"))
         self.progress.write(line)
         log.event(self.step, "guard", task=None, **{k: v for k, v in action.items() if k != "step"})

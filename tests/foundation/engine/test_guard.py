@@ -200,3 +200,46 @@ def test_recover_rolls_a_blow_up_in_the_first_steps_back_to_the_start(tmp_path):
     warn = Stability(GuardConfig(mode="warn"), model, optimizer, scheduler, lambda t, op: t)
     warn.start("seq2seq", batch)
     assert not warn.snapshots  # only recover keeps copies of the model
+
+
+def test_a_run_that_loses_what_it_learnt_is_rolled_back_to_its_best(tmp_path):
+    """``guard.giveback``: a loss that falls, then climbs back slowly (each step within 1.1x of the
+    last, so the jump rules stay quiet) fires once it has lost half its progress, and ``recover``
+    goes back to the last snapshot taken at the best loss, not to the recent ones from inside the
+    climb; noisy progress and a run that never left its plateau do not fire."""
+    import numpy as np
+
+    from foundation.engine.config import GuardConfig
+    from foundation.engine.guard import Stability
+
+    model, batch = probe_model(tmp_path)
+    tag = next(model.parameters())  # holds the step it was written at, so a rollback shows where it went
+
+    def run(curve, mode="recover"):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+        cfg = GuardConfig(mode=mode, every=1000, snapshot_every=5)
+        guard = Stability(cfg, model, optimizer, scheduler, all_reduce=lambda t, op: t)
+        guard.start("seq2seq", batch)
+        for step, loss in enumerate(curve, 1):
+            with torch.no_grad():
+                tag.fill_(step)
+            _, action = guard.after_step(step, 1e-3, True, float(loss), ())
+            if action:
+                return step, action, float(tag.flatten()[0]), optimizer.param_groups[0]["lr"]
+        return None
+
+    down = np.linspace(3.0, 1.0, 80)
+    climb = 1.0 * 1.02 ** np.arange(1, 61)  # 1.02x a step, to 3.3
+    step, action, at, lr = run(np.concatenate([down, np.full(20, 1.0), climb]))
+    assert action["signal"] == "giveback" and action["action"] == "recover" and 0.5 < action["ratio"] < 0.6
+    assert 100 < step < 160 and action["level"] == pytest.approx(1.0, abs=0.01)
+    assert 80 <= action["rolled_back_to"] <= 100 and at == action["rolled_back_to"]  # the state at its best
+    assert lr == pytest.approx(5e-4)
+    rng = np.random.default_rng(0)
+    assert run(np.linspace(3.0, 0.5, 300) * rng.uniform(0.8, 1.2, 300)) is None  # noisy progress (+-20 % a step)
+    assert run(2.3 * rng.uniform(0.8, 1.2, 300)) is None  # never left its plateau: nothing to lose
+    warned = run(np.concatenate([down, np.full(20, 1.0), climb]), mode="warn")
+    assert warned[1]["action"] == "warn" and "rolled_back_to" not in warned[1]
+    with pytest.raises(ConfigError, match="guard.giveback"):
+        GuardConfig(giveback=1.0)
