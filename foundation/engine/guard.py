@@ -194,10 +194,11 @@ class GivebackRule:
     at most ``1 - GIVEBACK_ARMED`` x its first), so a run that never left its plateau is not judged.
 
     The update and loss rules miss this failure: on the 12-layer seq2seq ladder with a 100-step
-    warm-up, lr 0.03 takes the loss from 2.7 to 1.2-1.6 and then, as the lr peaks, back to the
-    2.4 plateau over 40-60 steps, each step within 1.5x of the recent ones. Calibrated by replaying
-    the logged losses (docs/studies.md): 30 steps and 0.5 catch those three collapses and fire in none
-    of 81 healthy runs of the ladders and the tiny recipes; 10 or 20 steps fire in noisy NLVR2 runs.
+    warm-up, lr 0.03 takes DeepNorm's and Pre-LN's loss from 2.7 to 1.4-1.7 and then, as the lr
+    peaks, back to the 2.4 plateau over 40-60 steps, each step within 1.5x of the recent ones.
+    Calibrated on logged losses (benchmarks/guard_giveback.py, docs/studies.md): 30 steps and 0.5
+    catch 7 of those 8 collapses and fire in none of ~80 healthy runs of the ladders and the tiny
+    recipes; 10 or 20 steps, or 0.3-0.4, fire in noisy NLVR2 runs.
     ``check(step, loss)`` -> None or the firing's record (``update``: the smoothed loss, ``level``: its best)."""
 
     def __init__(self, giveback: float, steps: int = 0):
