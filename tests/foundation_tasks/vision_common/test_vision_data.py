@@ -220,3 +220,35 @@ def test_a_batch_fetched_at_once_is_the_items_fetched_one_by_one(demo_root):
     assert all(torch.equal(x, y) and la == lb for (x, la), (y, lb) in zip(a, b))
     assert torch.equal(after_a[0], after_b[0]) and after_a[1] == after_b[1] and np.array_equal(after_a[2], after_b[2])
     assert not torch.equal(a[3][0], a[4][0])  # the same index twice: two draws, two augmentations
+
+
+def test_fused_to_tensor_matches_timm_bit_for_bit():
+    """The fused MaybeToTensor + Normalize gives timm's own transforms' tensors exactly."""
+    from timm.data import create_transform
+
+    from foundation_tasks.vision_common.transforms import (MEAN, STD, ToNormalizedTensor, _fix_posterize,
+                                                           pretrain_transform)
+
+    cfg = TransformConfig(img_size=16, auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.25)
+    pairs = [(build_transform(cfg, train=True),
+              _fix_posterize(create_transform(16, is_training=True, auto_augment=cfg.auto_augment, re_prob=0.25,
+                                              re_mode="pixel", scale=(0.08, 1.0), interpolation="bicubic",
+                                              mean=MEAN, std=STD))),
+             (build_transform(cfg, train=False),
+              create_transform(16, is_training=False, interpolation="bicubic", crop_pct=0.875, mean=MEAN, std=STD)),
+             (pretrain_transform(16), create_transform(16, is_training=True, color_jitter=0.4, re_prob=0.0,
+                                                       interpolation="bicubic", mean=MEAN, std=STD))]
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((20, 24), (16, 16))]
+    for fused, timm_own in pairs:
+        assert sum(isinstance(t, ToNormalizedTensor) for t in fused.transforms) == 1
+        for im in images:
+            for s in range(20):
+                with seeded(s):
+                    a = fused(im)
+                with seeded(s):
+                    b = timm_own(im)
+                assert a.dtype == b.dtype and a.is_contiguous() and torch.equal(a, b)
+    tensor = torch.rand(3, 16, 16)  # not an RGB image: the pair itself
+    op = next(t for t in pairs[1][0].transforms if isinstance(t, ToNormalizedTensor))
+    assert torch.equal(op(tensor), op.normalize(op.to_tensor(tensor)))
