@@ -8,6 +8,9 @@ A task takes part through its recipe (``foundation_tasks/<task>/recipe.py``: ``l
 
 * ``pixels``: ``configs/vision/tiny_mim_pixels.yaml`` (normalised-pixel regression of the masked
   patches: SimMIM's input masking, MAE's target), for classification and segmentation;
+* ``scenes``: the same pretraining on the segmentation data's unlabelled pool (its training
+  scenes and 4,000 more, ``foundation data make segmentation --unlabelled 4000``) with random
+  crops of 35-100 % of a scene, for segmentation;
 * ``tokens``: the BEiT path with a teacher trained here: ``configs/vision/tiny_tokenizer.yaml``
   distilling the Magneto ``pixels`` run (``teacher: run``; one tokenizer for both norms), then
   MIM predicting its codes with the pixel recipe's masking (``tiny_mim_pixels.yaml``,
@@ -63,6 +66,10 @@ class Pretraining:
 PRETRAININGS = {
     "pixels": Pretraining("configs/vision/tiny_mim_pixels.yaml", "vision", ("tasks.0.data_dir={root}",),
                           "MIM, pixel target"),
+    # the scenes fill the frame less than the shapes do: crops, so that a 32-px view is a scene's part
+    "scenes": Pretraining("configs/vision/tiny_mim_pixels.yaml", "segmentation",
+                          ("tasks.0.data_dir={root}/unlabelled", "tasks.0.scale=[0.35,1.0]"),
+                          "MIM, pixel target, on the unlabelled scenes"),
     "tokens": Pretraining("configs/vision/tiny_mim_pixels.yaml", "vision", ("tasks.0.data_dir={root}",
                                                                           "tasks.0.target=tokens"),
                           "MIM, token target (BEiT v2, pixel-MIM teacher)"),
@@ -74,7 +81,7 @@ PRETRAININGS = {
                       "BEiT-3 masked data modeling"),
 }
 INIT_LABELS = {"scratch": "scratch", **{k: p.label for k, p in PRETRAININGS.items()}}
-COLORS = {"scratch": "tab:gray", "pixels": "tab:blue", "tokens": "tab:purple", "best_rq": "tab:green",
+COLORS = {"scratch": "tab:gray", "pixels": "tab:blue", "scenes": "tab:cyan", "tokens": "tab:purple", "best_rq": "tab:green",
           "vl": "tab:orange"}
 
 
@@ -333,6 +340,12 @@ def main(argv: Sequence[str]) -> int:
             print(f"foundation compare labels: error: {Path(a.data) / folders[data]}: no such folder "
                   f"(foundation data make {data} --out {Path(a.data) / folders[data]})", file=sys.stderr)
             return 2
+    pool = Path(a.data) / folders["segmentation"] / "unlabelled"
+    if any("scenes" in inits for _, _, inits in plan) and not pool.is_dir():
+        print(f"foundation compare labels: error: {pool}: no such folder; the 'scenes' pretraining reads the "
+              f"segmentation data's unlabelled pool (foundation data make segmentation --out {pool.parent} "
+              "--unlabelled 4000 --force)", file=sys.stderr)
+        return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return exclusive(Path(a.out), "foundation compare labels",
                      lambda: run_study(a, folders, plan, norms, seeds, "foundation compare labels " + " ".join(argv)))

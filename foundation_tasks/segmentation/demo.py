@@ -15,7 +15,15 @@ wall, floor, beds, furniture). Colours are jittered per image and overlap betwee
 (sky / ceiling, wall / building, floor / road), so a model needs layout and texture, not
 just colour. Image i of a split is a pure function of (seed, split, i).
 
+``--unlabelled N`` adds a pool for pretraining, in the ImageNet layout the MIM task reads
+(labels unused): the training scenes and N more, without annotations::
+
+    OUT/unlabelled/train/scenes/ADE_train_00000001.jpg   the training scenes, the same files
+    OUT/unlabelled/train/scenes/pool_00000001.jpg        N scenes of another seed (seed + 7)
+    OUT/unlabelled/val/scenes/ADE_val_00000001.jpg       20 of that seed's validation scenes
+
     foundation data make segmentation --out data/ade-demo [--seed 0] [--train 400] [--val 100] [--height 72 --width 96]
+        [--unlabelled 4000]
 """
 from __future__ import annotations
 
@@ -31,6 +39,8 @@ DEMO_DATA = {"name": "segmentation", "folder": "ade-demo"}  # foundation data ma
 WALL, BUILDING, SKY, FLOOR, TREE, CEILING, ROAD, BED = range(1, 9)
 NUM_CLASSES = 8
 SPLITS = {"training": ("train", 0), "validation": ("val", 1)}
+POOL_SEED_OFFSET = 7  # the unlabelled pool's scenes: another seed's, so that none is an annotated scene
+POOL_VAL = 20  # the pool's validation scenes (MIM's held-out loss)
 
 
 class Canvas:
@@ -135,6 +145,21 @@ def write(out: Path, seed: int, n_train: int, n_val: int, height: int, width: in
     return counts
 
 
+def write_pool(out: Path, seed: int, n: int, height: int, width: int) -> None:
+    """OUT/unlabelled: the training scenes (copied) and ``n`` scenes of seed + POOL_SEED_OFFSET,
+    in the ImageNet layout (one folder, ``scenes``)."""
+    train, val = out / "unlabelled" / "train" / "scenes", out / "unlabelled" / "val" / "scenes"
+    train.mkdir(parents=True, exist_ok=True)
+    val.mkdir(parents=True, exist_ok=True)
+    for f in sorted((out / "images" / "training").glob("*.jpg")):
+        (train / f.name).write_bytes(f.read_bytes())
+    pool = seed + POOL_SEED_OFFSET
+    for folder, split_id, count, prefix in ((train, 0, n, "pool"), (val, 1, POOL_VAL, "ADE_val")):
+        for i in range(count):
+            Image.fromarray(scene(pool, split_id, i, height, width)[0]).save(folder / f"{prefix}_{i + 1:08d}.jpg",
+                                                                             quality=92)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = demo_parser("segmentation", "Write procedural scenes with per-pixel labels in the ADE20k layout "
                                     "(0 = other, 1..8 = the first 8 ADE20k classes).",
@@ -143,13 +168,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--val", type=item_count, default=100, help="validation images")
     p.add_argument("--height", type=int, default=72, help="image height in pixels")
     p.add_argument("--width", type=int, default=96, help="image width in pixels (ADE20k images are mostly landscape)")
+    p.add_argument("--unlabelled", type=int, default=0, metavar="N",
+                   help="also write OUT/unlabelled: the training scenes and N more without annotations, in the "
+                        "ImageNet layout, for MIM pretraining (foundation compare labels' 'scenes'); default 0: none")
     a = p.parse_args(argv)
-    if min(a.height, a.width) < 16 or a.train < 1 or a.val < 1:
-        p.error("--height / --width must be >= 16 and --train / --val >= 1")
+    if min(a.height, a.width) < 16 or a.train < 1 or a.val < 1 or a.unlabelled < 0:
+        p.error("--height / --width must be >= 16, --train / --val >= 1 and --unlabelled >= 0")
     if not free_out("segmentation", a.out, a.force):
         return 2
-    counts, seconds = timed("segmentation", lambda: write(a.out, a.seed, a.train, a.val, a.height, a.width))
-    print(f"wrote {counts['training']} training and {counts['validation']} validation scenes "
+
+    def make() -> dict[str, int]:
+        counts = write(a.out, a.seed, a.train, a.val, a.height, a.width)
+        if a.unlabelled:
+            write_pool(a.out, a.seed, a.unlabelled, a.height, a.width)
+        return counts
+
+    counts, seconds = timed("segmentation", make)
+    pool = f", and {a.train + a.unlabelled} unlabelled in {a.out / 'unlabelled'}" if a.unlabelled else ""
+    print(f"wrote {counts['training']} training and {counts['validation']} validation scenes{pool} "
           f"({a.width}x{a.height}, {NUM_CLASSES} classes + other) to {a.out} in {seconds:.1f} s")
     print(f"  train: foundation train configs/segmentation/tiny.yaml tasks.segmentation.data_root={a.out}")
     return 0

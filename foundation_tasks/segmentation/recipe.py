@@ -7,5 +7,5 @@ RECIPE = Recipe(
     label="segmentation (mIoU %)", data="segmentation", data_field="tasks.segmentation.data_root",
     steps=300, minutes=2, bar=">= 75", baseline="one class everywhere <= 12.5", stability_steps=100,
     label_field="tasks.segmentation.train_fraction", label_budgets=("0.1", "all"),
-    label_unit="fraction of the annotated images", pretrainings=("pixels",),
+    label_unit="fraction of the annotated images", pretrainings=("pixels", "scenes"),
 )

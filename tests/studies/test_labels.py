@@ -20,12 +20,16 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
     assert labels.main(argv) == 2  # 2 is no fraction of the masks
     assert "--budgets: '2' is neither a fraction in (0, 1] (segmentation)" in capsys.readouterr().err
     argv[argv.index("2,all")] = "1,all"  # one image per class; every mask
+    assert labels.main(argv) == 2  # the 'scenes' pretraining needs the segmentation data's unlabelled pool
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ade-demo/unlabelled: no such folder" in err and "--unlabelled 4000" in err
+    seg_demo.write_pool(data / "ade-demo", seed=0, n=6, height=48, width=64)
     assert labels.main(argv) == 0
     out = tmp_path / "out"
     results = json.loads((out / "results.json").read_text())
     cells = {(c["task"], c["budget"], c["init"]): c for c in results["cells"]}
     assert set(cells) == ({("classification", b, i) for b in ("1", "all") for i in ("scratch", "pixels", "tokens")}
-                          | {("segmentation", b, i) for b in ("1", "all") for i in ("scratch", "pixels")})
+                          | {("segmentation", b, i) for b in ("1", "all") for i in ("scratch", "pixels", "scenes")})
     assert all(c["mean"] is not None and 0 <= c["mean"] <= 100 for c in cells.values())
     report = (out / "report.md").read_text()
     assert "| magneto | 1 |" in report and "MIM, pixel target" in report and "## segmentation: mIoU" in report
@@ -34,7 +38,12 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
     assert "train_per_class: 1" in ft and "subset_seed: 0" in ft and "pretrain/pixels-magneto" in ft
     seg = (out / "runs" / "segmentation-magneto-1-pixels-s0" / "config.yaml").read_text()
     assert "train_fraction: 1" in seg and "pretrain/pixels-magneto" in seg  # one vision pretraining for both
-    assert sorted(p.name for p in (out / "pretrain").iterdir()) == ["pixels-magneto", "tokenizer", "tokens-magneto"]
+    scenes = (out / "runs" / "segmentation-magneto-1-scenes-s0" / "config.yaml").read_text()
+    assert "pretrain/scenes-magneto" in scenes
+    pool = (out / "pretrain" / "scenes-magneto" / "config.yaml").read_text()
+    assert "ade-demo/unlabelled" in pool and "scale:\n  - 0.35" in pool
+    assert sorted(p.name for p in (out / "pretrain").iterdir()) == ["pixels-magneto", "scenes-magneto", "tokenizer",
+                                                                    "tokens-magneto"]
     tok = (out / "pretrain" / "tokenizer" / "config.yaml").read_text()  # distils the pixel-MIM run
     assert "teacher: run" in tok and "pretrain/pixels-magneto/best/model.safetensors" in tok
     assert "target: tokens" in (out / "pretrain" / "tokens-magneto" / "config.yaml").read_text()

@@ -264,6 +264,25 @@ def test_demo_data_is_deterministic_and_in_the_ade_layout(tmp_path):
     label = np.asarray(Image.open(a / "annotations/training/ADE_train_00000001.png"))
     assert label.dtype == np.uint8 and label.shape == (40, 56) and label.max() <= demo.NUM_CLASSES
     check_layout(a)
+    assert not (a / "unlabelled").exists()  # the pool only when asked for
+
+
+def test_demo_unlabelled_pool_holds_the_training_scenes_and_others(tmp_path):
+    from foundation_tasks.vision_common.folder import ImageFolderDataset
+
+    out = tmp_path / "ade"
+    assert demo.main(["--out", str(out), "--train", "3", "--val", "2", "--height", "40", "--width", "56",
+                      "--unlabelled", "4"]) == 0
+    pool = out / "unlabelled"
+    train = sorted(p.name for p in (pool / "train" / "scenes").iterdir())
+    assert train == [f"ADE_train_{i:08d}.jpg" for i in (1, 2, 3)] + [f"pool_{i:08d}.jpg" for i in (1, 2, 3, 4)]
+    for i in (1, 2, 3):  # the training scenes, the same files
+        name = f"ADE_train_{i:08d}.jpg"
+        assert (pool / "train" / "scenes" / name).read_bytes() == (out / "images" / "training" / name).read_bytes()
+    labelled = {(out / "images" / "training" / f"ADE_train_{i:08d}.jpg").read_bytes() for i in (1, 2, 3)}
+    assert not labelled & {(pool / "train" / "scenes" / f"pool_{i:08d}.jpg").read_bytes() for i in (1, 2, 3, 4)}
+    assert len(list((pool / "val" / "scenes").iterdir())) == demo.POOL_VAL
+    assert len(ImageFolderDataset(pool, "train", lambda im: im)) == 7  # what the MIM task reads
 
 
 def corrupt_copy(src: Path, dst: Path, how: str) -> Path:
