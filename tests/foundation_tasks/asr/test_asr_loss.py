@@ -1,4 +1,5 @@
-"""RNN-T loss: a log-space reference vs torchaudio vs brute force, and the sub-batched joint."""
+"""RNN-T loss: ours (CPU) and torchaudio's (CUDA) against a log-space reference and brute force,
+and the sub-batched joint."""
 from __future__ import annotations
 
 import itertools
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from foundation_tasks.asr.transducer import joint_logits, rnnt_loss, transducer_loss
+from foundation_tasks.asr.transducer import joint_logits, rnnt_loss, torchaudio_rnnt_loss, transducer_loss
 
 
 def rnnt_loss_reference(logits, targets, logit_lengths, target_lengths, blank=0):
@@ -71,20 +72,60 @@ def test_reference_matches_brute_force():
     assert torch.allclose(ref, brute, atol=1e-10)
 
 
-def test_torchaudio_matches_reference_loss_and_gradients():
+@pytest.mark.parametrize("loss_fn", [rnnt_loss, torchaudio_rnnt_loss], ids=["lattice", "torchaudio"])
+def test_rnnt_loss_matches_reference_loss_and_gradients(loss_fn):
+    """Both implementations: ours (the CPU path) and torchaudio's (the CUDA path)."""
     logits, targets, T, U = _random_batch()
     ours = logits.float().clone().requires_grad_()
     ref_in = logits.clone().requires_grad_()
-    loss = rnnt_loss(ours, targets, T, U, reduction="sum")
+    loss = loss_fn(ours, targets, T, U, reduction="sum")
     ref = rnnt_loss_reference(ref_in, targets, T, U).sum()
     loss.backward()
     ref.backward()
     assert torch.allclose(loss.double(), ref, rtol=1e-5)
     assert torch.allclose(ours.grad.double(), ref_in.grad, atol=1e-5)
-    # and torchaudio on the brute-force case
     one = _random_batch(B=1, T=3, U=2, V=3, seed=1)
     brute = rnnt_loss_brute_force(one[0][0], one[1][0].long(), 3, 2)
-    assert torch.allclose(rnnt_loss(one[0], one[1], one[2], one[3]).double(), brute, rtol=1e-5)
+    assert torch.allclose(loss_fn(one[0], one[1], one[2], one[3]).double(), brute, rtol=1e-5)
+
+
+def test_lattice_loss_gradcheck_and_edge_lengths():
+    """float64 gradients against finite differences, with an utterance of one frame, one with no
+    labels and padding in both axes; the reductions as torchaudio's."""
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 5, 4, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(1, 6, (4, 3), generator=g)
+    T, U = torch.tensor([5, 1, 3, 4]), torch.tensor([3, 2, 0, 1])
+    assert torch.autograd.gradcheck(lambda x: rnnt_loss(x, targets, T, U, reduction="none"), (logits,))
+    per = rnnt_loss_reference(logits, targets, T, U)
+    assert torch.allclose(rnnt_loss(logits, targets, T, U, reduction="none"), per, rtol=1e-10)
+    assert torch.allclose(rnnt_loss(logits, targets, T, U, reduction="mean"), per.mean(), rtol=1e-10)
+    # no probability (and no gradient) reaches the cells past an utterance's own T and U
+    grad, = torch.autograd.grad(rnnt_loss(logits, targets, T, U), logits)
+    assert grad[1, 1:].abs().sum() == 0 and grad[2, :, 1:].abs().sum() == 0 and grad[3, 4:].abs().sum() == 0
+
+
+def test_lattice_loss_agrees_with_torchaudio_at_the_recipes_size():
+    """The tiny ASR recipe's lattice (B 12, T 48, U 16, V 81): ours runs the recursion in
+    float64, so against a float64 reference it is closer than torchaudio's float32 kernel."""
+    g = torch.Generator().manual_seed(0)
+    B, T, U, V = 12, 48, 16, 81
+    logits = 3 * torch.randn(B, T, U + 1, V, generator=g)
+    targets = torch.randint(1, V, (B, U), generator=g)
+    T_lens = torch.randint(T // 2, T + 1, (B,), generator=g).clamp(min=U)
+    U_lens = torch.randint(0, U + 1, (B,), generator=g)
+    T_lens[0], U_lens[0] = T, U
+    exact = logits.double().requires_grad_()
+    ref = rnnt_loss(exact, targets, T_lens, U_lens, reduction="none")
+    ref_grad, = torch.autograd.grad(ref.sum(), exact)
+    errors = {}
+    for name, fn in (("lattice", rnnt_loss), ("torchaudio", torchaudio_rnnt_loss)):
+        x = logits.clone().requires_grad_()
+        loss = fn(x, targets, T_lens, U_lens, reduction="none")
+        grad, = torch.autograd.grad(loss.sum(), x)
+        assert torch.allclose(loss.double(), ref, rtol=1e-5)
+        errors[name] = (grad.double() - ref_grad).abs().max().item()
+    assert errors["torchaudio"] < 1e-3 and errors["lattice"] < 1e-5
 
 
 def _joint_case(seed=0, B=5, T=9, U=4, J=8, V=7):
