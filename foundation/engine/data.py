@@ -28,49 +28,52 @@ from foundation.config import ConfigError
 EVAL_SEED_BASE = 12345  # the base of evaluation items' seeds
 
 
-_NUMPY_HELD = threading.local()  # inside items_fetched(): NumPy's global state is saved already
+_HELD = threading.local()  # inside items_fetched(): NumPy's and Python's global states are saved already
 
 
 @contextlib.contextmanager
 def seeded(seed: int) -> Iterator[None]:
     """Python's, NumPy's and torch's (CPU) RNGs seeded with ``seed`` inside, restored after:
     transforms written for the global RNGs (timm's, torchvision's) become per-item."""
-    holds_numpy = getattr(_NUMPY_HELD, "on", False)
-    py = random.getstate()
-    npy = None if holds_numpy else np.random.get_state()
-    with torch.random.fork_rng(devices=[]):
-        random.seed(seed)
-        np.random.seed(seed % 2**32)
-        # the CPU generator only: torch.manual_seed would also seed every CUDA device's
-        # generator (which fork_rng(devices=[]) does not restore) and, before CUDA is
-        # initialised, queue that call with a formatted stack trace - per item
-        torch.default_generator.manual_seed(seed)
-        try:
-            yield
-        finally:
+    held = getattr(_HELD, "on", False)
+    py = None if held else random.getstate()
+    npy = None if held else np.random.get_state()
+    # the CPU generator only, as torch.random.fork_rng(devices=[]) saves it (at a fifth of the
+    # cost): torch.manual_seed would also seed every CUDA device's generator and, before CUDA
+    # is initialised, queue that call with a formatted stack trace - per item
+    cpu = torch.default_generator
+    cpu_state = cpu.get_state()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    cpu.manual_seed(seed)
+    try:
+        yield
+    finally:
+        cpu.set_state(cpu_state)
+        if not held:
             random.setstate(py)
-            if npy is not None:
-                np.random.set_state(npy)
+            np.random.set_state(npy)
 
 
 @contextlib.contextmanager
 def items_fetched() -> Iterator[None]:
-    """Around the items of one batch: NumPy's global RNG saved once and restored at the end,
-    so that each item's ``seeded`` block only seeds it. Saving and restoring NumPy's
-    Mersenne Twister costs ~80 us, most of a small image's transform; Python's and torch's
-    generators are still restored after every item, so the draws between items (the items'
-    seeds) come from the global streams exactly as without it, and no code between the items
-    of a batch draws from NumPy's global RNG."""
-    if getattr(_NUMPY_HELD, "on", False):
+    """Around the items of one batch: NumPy's and Python's global RNGs saved once and restored
+    at the end, so that each item's ``seeded`` block only seeds them. Saving and restoring
+    their Mersenne Twisters costs ~95 us, most of a small image's transform; torch's generator
+    is still restored after every item, so the draws between items (the items' seeds) come
+    from its global stream exactly as without it, and no code between the items of a batch
+    draws from NumPy's or Python's global RNG."""
+    if getattr(_HELD, "on", False):
         yield
         return
-    state = np.random.get_state()
-    _NUMPY_HELD.on = True
+    py, npy = random.getstate(), np.random.get_state()
+    _HELD.on = True
     try:
         yield
     finally:
-        _NUMPY_HELD.on = False
-        np.random.set_state(state)
+        _HELD.on = False
+        random.setstate(py)
+        np.random.set_state(npy)
 
 
 class BatchFetch(Dataset):
