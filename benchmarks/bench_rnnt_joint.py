@@ -5,9 +5,11 @@
 
 Each variant runs forward + backward once in a fresh process, so that its peak is its own:
 
-* ``full``: ``lin_out(tanh(enc + dec))`` for the whole (B, T, U + 1, V) lattice, then
-  ``torchaudio.functional.rnnt_loss`` (plain autograd); a lattice over the kernel's int32
-  limit (2^31 elements) is split anyway, and the row says into what;
+* ``full``: ``lin_out(tanh(enc + dec))`` for the whole (B, T, U + 1, V) lattice, then the RNN-T
+  loss (plain autograd); a lattice over torchaudio's int32 limit (2^31 elements) is split
+  anyway, and the row says into what;
+* ``full, torchaudio``: the same with ``torchaudio.functional.rnnt_loss`` on CPU too (our CPU
+  path is the vectorised lattice recursion of ``foundation_tasks.asr.transducer``);
 * ``sub=k``: ``foundation_tasks.asr.transducer.transducer_loss(..., sub_batch=k)``: the same loss and
   gradients, k utterances of the lattice at a time.
 
@@ -55,11 +57,15 @@ class _Saved:
         return sum(dict(_Saved.live.values()).values())
 
 
-def run_variant(a: argparse.Namespace, sub_batch: int) -> dict:
+def run_variant(a: argparse.Namespace, sub_batch: int, kernel: str = "ours") -> dict:
     """Forward + backward of one variant in this process; returns its measurements."""
     import torch
 
+    from foundation_tasks.asr import transducer
     from foundation_tasks.asr.transducer import _fitting, transducer_loss
+
+    if kernel == "torchaudio":
+        transducer.rnnt_loss = transducer.torchaudio_rnnt_loss
 
     torch.manual_seed(0)
     device = torch.device(a.device)
@@ -92,6 +98,8 @@ def run_variant(a: argparse.Namespace, sub_batch: int) -> dict:
     seconds = time.perf_counter() - start
     used = _fitting(sub_batch, B, T * (U + 1) * V)
     variant = "full" if used <= 0 else f"sub={used}"
+    if kernel != "ours":
+        variant += f", {kernel}"
     if used != sub_batch:
         variant += f" (asked {'full' if sub_batch <= 0 else sub_batch}; int32 lattice limit)"
     return {"variant": variant, "loss": float(loss),
@@ -109,24 +117,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sub-batch", type=int, nargs="+", default=[1, 2, 4])
     p.add_argument("--device", default="cpu")
     p.add_argument("--json", type=Path, help="also write the rows here")
-    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--no-torchaudio", action="store_true", help="skip the whole lattice through torchaudio's kernel")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.worker is not None:
-        print(json.dumps(run_variant(a, a.worker)))
+        sub, kernel = a.worker.split(":")
+        print(json.dumps(run_variant(a, int(sub), kernel)))
         return 0
     lattice = a.batch * a.frames * (a.units + 1) * a.vocab * 4
     print(f"B={a.batch} T={a.frames} U={a.units} V={a.vocab} J={a.joint_dim} on {a.device}; "
           f"one fp32 (B, T, U+1, V) lattice = {lattice / 2**20:,.0f} MiB; "
           f"torch threads: {os.environ.get('OMP_NUM_THREADS', 'default')}")
     rows = []
-    for sub in [0] + a.sub_batch:
-        cmd = [sys.executable, __file__, "--worker", str(sub), "--batch", str(a.batch), "--frames", str(a.frames),
+    variants = [(0, "ours")] + ([] if a.no_torchaudio else [(0, "torchaudio")]) + [(s, "ours") for s in a.sub_batch]
+    for sub, kernel in variants:
+        cmd = [sys.executable, __file__, "--worker", f"{sub}:{kernel}", "--batch", str(a.batch), "--frames", str(a.frames),
                "--units", str(a.units), "--vocab", str(a.vocab), "--joint-dim", str(a.joint_dim), "--device", a.device]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:  # a row saying so; the other variants still run
             print(f"variant sub_batch={sub} failed:\n{out.stderr[-2000:]}", file=sys.stderr)
             last = (out.stderr.strip().splitlines() or ["exit status %d" % out.returncode])[-1]
-            rows.append({"variant": "full" if sub <= 0 else f"sub={sub}", "error": last[:200]})
+            name = ("full" if sub <= 0 else f"sub={sub}") + ("" if kernel == "ours" else f", {kernel}")
+            rows.append({"variant": name, "error": last[:200]})
             continue
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
     ok = [r for r in rows if "error" not in r]
