@@ -3,7 +3,8 @@
 The joint network is ESPnet's ``JointNetwork`` (``lin_out(act(lin_enc(enc) + lin_dec(dec)))``).
 Its output for a batch is a ``(B, T, U + 1, V)`` tensor: at LibriSpeech sizes (B = 32,
 T = 400 frames of 40 ms, U = 80 units, V = 5000) that is 5 G floats, 20 GB, and the loss
-keeps a log-softmax (or, in torchaudio's kernel, a gradient) of the same size. So the projections
+keeps one more tensor of that size for backward (the logits on CPU, a gradient in torchaudio's
+CUDA kernel). So the projections
 ``lin_enc(enc)`` (B, T, J) and ``lin_dec(dec)`` (B, U + 1, J) are computed once, and the
 expensive part - broadcast sum, activation, ``lin_out``, loss - runs sub-batch by
 sub-batch inside one autograd function that computes each sub-batch's gradients with
@@ -61,7 +62,7 @@ class _LatticeLoss(torch.autograd.Function):
 
     Written here because torchaudio's CPU kernel walks the lattice one utterance and one
     element at a time: at the tiny recipe's sizes (B ~12, T ~50, U ~17, V 81) it takes ~45 ms
-    of a ~300 ms step; this takes ~10. Row t of alpha follows from row t - 1 in closed form,
+    of a ~300 ms step; this takes ~12. Row t of alpha follows from row t - 1 in closed form,
     alpha(t, u) = E(t, u) + logcumsumexp_k<=u (alpha(t-1, k) + blank(t-1, k) - E(t, k)) with
     E(t, u) the label log-probs summed along row t up to u, so the loop runs over T only and
     never over U; beta likewise, backwards. Cells past an utterance's own (T, U) get no
