@@ -34,12 +34,27 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.
     """RNN-T negative log-likelihood of (B, T, U + 1, V) logits (log-softmax fused in) for
     (B, U) targets: ``torchaudio.functional.rnnt_loss`` on CUDA, the vectorised lattice
     recursion below on CPU. ``reduction``: "sum", "mean" (over utterances) or "none"."""
+    _check_lattice(logits, targets, logit_lengths, target_lengths)
     if logits.is_cuda:
         return torchaudio_rnnt_loss(logits, targets, logit_lengths, target_lengths, blank, reduction)
     x = logits if logits.dtype == torch.float64 else logits.float()
     nll = _LatticeLoss.apply(x, targets.long().clamp(0, x.shape[-1] - 1), logit_lengths.long(),
                              target_lengths.long(), blank)
     return {"sum": nll.sum, "mean": nll.mean, "none": lambda: nll}[reduction]()
+
+
+def _check_lattice(logits, targets, logit_lengths, target_lengths) -> None:
+    """One clear line for inconsistent inputs (an index past the lattice would otherwise fail
+    deep inside, or a length of 0 read the lattice's last frame)."""
+    if logits.dim() != 4 or targets.dim() != 2 or targets.shape != (logits.shape[0], logits.shape[2] - 1):
+        raise ValueError(f"rnnt_loss: expected logits (B, T, U + 1, V) and targets (B, U), got "
+                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    B, T, U1 = logits.shape[:3]
+    for name, lengths, low, high in (("logit_lengths", logit_lengths, 1, T),
+                                     ("target_lengths", target_lengths, 0, U1 - 1)):
+        if lengths.shape != (B,) or (B and (int(lengths.min()) < low or int(lengths.max()) > high)):
+            raise ValueError(f"rnnt_loss: {name} must be {B} values in [{low}, {high}], got "
+                             f"{lengths.tolist() if lengths.numel() <= 8 else tuple(lengths.shape)}")
 
 
 def torchaudio_rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, logit_lengths: torch.Tensor,

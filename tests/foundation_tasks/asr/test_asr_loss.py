@@ -105,6 +105,16 @@ def test_lattice_loss_gradcheck_and_edge_lengths():
     assert grad[1, 1:].abs().sum() == 0 and grad[2, :, 1:].abs().sum() == 0 and grad[3, 4:].abs().sum() == 0
 
 
+@pytest.mark.parametrize("T, U, match", [([6, 5], [3, 2], "logit_lengths"), ([0, 5], [3, 2], "logit_lengths"),
+                                         ([5, 5], [4, 2], "target_lengths")])
+def test_inconsistent_lengths_are_one_clear_error(T, U, match):
+    x, targets = torch.randn(2, 5, 4, 6), torch.randint(1, 6, (2, 3))
+    with pytest.raises(ValueError, match=match):
+        rnnt_loss(x, targets, torch.tensor(T), torch.tensor(U))
+    with pytest.raises(ValueError, match="targets"):
+        rnnt_loss(x, targets[:, :2], torch.tensor([5, 5]), torch.tensor([2, 2]))
+
+
 def test_lattice_loss_agrees_with_torchaudio_at_the_recipes_size():
     """The tiny ASR recipe's lattice (B 12, T 48, U 16, V 81): ours runs the recursion in
     float64, so against a float64 reference it is closer than torchaudio's float32 kernel."""
