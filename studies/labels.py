@@ -177,6 +177,7 @@ class Study:
         overrides = [f"{recipe.data_field}={recipe.data_path.format(root=self.root(recipe.data))}",
                      f"backbone.norm={norm}", f"seed={seed}", *recipe.label_overrides(budget, seed),
                      f"init_from={weights if weights is not None else 'null'}",
+                     *(recipe.pretrained_overrides if weights is not None else ()),
                      *([f"train.steps={self.a.steps}"] if self.a.steps else []), *self.a.finetune]
         self.train(recipe.config, self.cell(recipe, norm, budget, init, seed), overrides)
 
@@ -208,13 +209,16 @@ def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]
     lines = ["# Label budgets: scratch vs pretrained", "", f"`{command}`", "",
              f"The last evaluation of each run on the task's whole evaluation set (it never changes with the "
              f"budget); mean ± std over seeds {', '.join(map(str, seeds))}, per seed in brackets. Every cell of a "
-             "task fine-tunes with the same recipe and steps; gain = best pretraining against scratch (points, or "
+             "task fine-tunes with the same recipe and steps (a pretrained start adds what its heading names, as BEiT's "
+             "fine-tuning adds layer decay); gain = best pretraining against scratch (points, or "
              "the ratio of error rates).", ""]
     results = []
     for recipe, budgets, inits in plan:
         higher = higher_is_better(recipe)
+        from_pretrained = (f"; from a pretraining with {', '.join(f'`{o}`' for o in recipe.pretrained_overrides)}"
+                           if recipe.pretrained_overrides else "")
         lines += [f"## {recipe.task}: {recipe.metric} ({'higher' if higher else 'lower'} is better), "
-                  f"`{recipe.config}`", "",
+                  f"`{recipe.config}`{from_pretrained}", "",
                   f"| norm | {recipe.label_unit} | " + " | ".join(INIT_LABELS[i] for i in inits) + " | gain |",
                   "|" + "---|" * (3 + len(inits))]
         for norm in norms:

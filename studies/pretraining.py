@@ -262,7 +262,8 @@ def run(out: Path, norm: str, seeds: Sequence[int], finetunes: Sequence[Recipe],
     def overrides(ft: Recipe, init: str, seed: int) -> list[str]:
         run = None if init == "scratch" else ft.modality if init == "single" else "crossmodal"
         labels = ft.label_overrides(ft.label_budgets[0], seed) if scarce else []
-        return [*finetune_overrides(init, arch, run and weights(out, run, norm, lrs[pre_config], seed)), *labels]
+        return [*finetune_overrides(init, arch, run and weights(out, run, norm, lrs[pre_config], seed)), *labels,
+                *(ft.pretrained_overrides if run else ())]
 
     tell(f"[2/3] fine-tuning: {len(finetunes)} tasks x {len(INITS)} inits x {len(seeds)} seeds, {jobs} at a time")
     with ThreadPoolExecutor(max_workers=jobs) as pool:  # seed-major: the first seed's table is complete first

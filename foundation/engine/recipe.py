@@ -48,6 +48,9 @@ class Recipe:
     label_unit: str = ""  # what a budget counts, for the tables and figures
     pretrainings: tuple[str, ...] = ()
     label_steps: int = 0  # fine-tuning steps in every cell (0: the config's own)
+    # what a fine-tuning from a pretraining adds to the config (compare labels, compare pretraining), as BEiT's
+    # fine-tuning recipes add layer decay to what a from-scratch recipe uses: e.g. ("optim.layer_decay=0.65",)
+    pretrained_overrides: tuple[str, ...] = ()
 
     @property
     def stage_name(self) -> str:

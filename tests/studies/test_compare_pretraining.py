@@ -152,7 +152,7 @@ def test_scarce_fine_tunes_every_init_on_the_scarcest_budget(tmp_path, write_con
     pre_path, ft_path = write_config(pre, "pre.yaml"), write_config(ft_cfg, "ft.yaml")
     ft = Recipe("classification", str(ft_path), "top1", 100, modality="vision",
                 label_field="tasks.classification.train_per_class", label_budgets=("1", "all"),
-                label_unit="labelled images per class", label_steps=2)
+                label_unit="labelled images per class", label_steps=2, pretrained_overrides=("optim.layer_decay=0.75",))
     base, specs = load_config(pre_path, check_data=False)
     arch = {k: getattr(base.backbone, k) for k in cp.ARCH_FIELDS}
     out = tmp_path / "out"
@@ -163,6 +163,7 @@ def test_scarce_fine_tunes_every_init_on_the_scarcest_budget(tmp_path, write_con
             cfg = OmegaConf.load(out / f"classification-{init}" / "runs" / f"magneto_lr0.002_seed{seed}" / "config.yaml")
             task = cfg.tasks[0]
             assert (task.train_per_class, task.subset_seed, cfg.train.steps) == (1, seed, 2)
+            assert cfg.optim.layer_decay == (None if init == "scratch" else 0.75)  # only from a pretraining
     report = (out / "report.md").read_text()
     assert "on its scarcest label budget (classification: 1 labelled images per class, 2 steps)" in report
     assert re.search(r"\| mim \(`vision` run\) \| mim/pix_loss \| \d\.\d{3} ± 0\.\d{3} \(\d\.\d{3} / \d\.\d{3}\) \|", report)

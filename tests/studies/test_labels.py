@@ -32,6 +32,7 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
                           | {("segmentation", b, i) for b in ("1", "all") for i in ("scratch", "pixels", "scenes")})
     assert all(c["mean"] is not None and 0 <= c["mean"] <= 100 for c in cells.values())
     report = (out / "report.md").read_text()
+    assert "`configs/segmentation/tiny.yaml`; from a pretraining with `optim.layer_decay=0.65`" in report
     assert "| magneto | 1 |" in report and "MIM, pixel target" in report and "## segmentation: mIoU" in report
     assert (out / "labels.png").stat().st_size > 10_000
     ft = (out / "runs" / "classification-magneto-1-pixels-s0" / "config.yaml").read_text()
@@ -40,6 +41,10 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
     assert "train_fraction: 1" in seg and "pretrain/pixels-magneto" in seg  # one vision pretraining for both
     scenes = (out / "runs" / "segmentation-magneto-1-scenes-s0" / "config.yaml").read_text()
     assert "pretrain/scenes-magneto" in scenes
+    # a fine-tuning from MIM adds the recipe's pretrained_overrides (BEiT's layer decay); scratch keeps the config's
+    assert "layer_decay: 0.65" in scenes and "layer_decay: 0.65" in seg
+    scratch = (out / "runs" / "segmentation-magneto-1-scratch-s0" / "config.yaml").read_text()
+    assert "layer_decay: null" in scratch and "init_from: null" in scratch
     pool = (out / "pretrain" / "scenes-magneto" / "config.yaml").read_text()
     assert "ade-demo/unlabelled" in pool and "scale:\n  - 0.35" in pool
     assert sorted(p.name for p in (out / "pretrain").iterdir()) == ["pixels-magneto", "scenes-magneto", "tokenizer",
