@@ -10,7 +10,9 @@ Alternating the two settings round by round (off, warn, off, warn, ...) lets a b
 machine hit both alike; the ratio of the medians is the overhead. Step time is the engine's own
 ``step_time`` (forward, backward, optimizer); the measurement adds one probe forward without
 gradients per measured step after it, so the loop's wall time per step is what is compared
-(from the first step's record to the last: start-up and the final evaluation left out).
+(from the first step's record to the last: start-up and the final evaluation left out). The
+guard's own CPU time (every ``after_step`` call, timed) is printed beside it: the overhead without
+the noise of whole-run timings, which on a busy 2-core machine move by ~10 % from round to round.
 """
 from __future__ import annotations
 
@@ -22,6 +24,28 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+
+GUARD_CPU = [0.0]  # CPU seconds spent inside the guard's after_step, summed over a run
+
+
+def timed_guard() -> None:
+    """Count the CPU time of every ``Stability.after_step`` call (the probe forward, the weight
+    norms and the rules): the guard's own cost, which other load on the machine does not move."""
+    import time
+
+    from foundation.engine.guard import Stability
+
+    inner = Stability.after_step
+
+    def after_step(self, *args, **kwargs):
+        t = time.process_time()
+        try:
+            return inner(self, *args, **kwargs)
+        finally:
+            GUARD_CPU[0] += time.process_time() - t
+
+    Stability.after_step = after_step
 
 
 def one_run(config: str, overrides: list[str], mode: str, steps: int, out: Path) -> float:
@@ -48,15 +72,23 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    timed_guard()
     seconds: dict[str, list[float]] = {"off": [], "warn": []}
+    own: list[float] = []  # the guard's CPU seconds a step, per warn run
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             for mode in ("off", "warn"):
+                GUARD_CPU[0] = 0.0
                 seconds[mode].append(one_run(a.config, a.overrides, mode, a.steps, Path(tmp)))
-                print(f"round {r + 1}: guard {mode:4s} {1000 * seconds[mode][-1]:7.2f} ms a step", flush=True)
-    off, warn = statistics.median(seconds["off"]), statistics.median(seconds["warn"])
+                extra = ""
+                if mode == "warn":
+                    own.append(GUARD_CPU[0] / a.steps)
+                    extra = f" (the guard itself {1000 * own[-1]:.2f} ms of CPU)"
+                print(f"round {r + 1}: guard {mode:4s} {1000 * seconds[mode][-1]:7.2f} ms a step{extra}", flush=True)
+    off, warn, guard = statistics.median(seconds["off"]), statistics.median(seconds["warn"]), statistics.median(own)
     print(f"median ms a step: off {1000 * off:.2f}, warn {1000 * warn:.2f}; overhead {100 * (warn / off - 1):+.1f} %"
-          f" ({a.config} {' '.join(a.overrides)})")
+          f" (inside the rounds' noise on a busy machine); the guard's own CPU time {1000 * guard:.2f} ms a step: "
+          f"{100 * guard / off:.1f} % of an unguarded step ({a.config} {' '.join(a.overrides)})")
     return 0
 
 

@@ -73,6 +73,10 @@ def probe_items(batch: Any, n: int) -> Any:
     return copy.deepcopy(batch)
 
 
+class _Captured(Exception):
+    """Raised by the probe's hook once the end blocks' outputs are all in: the rest of the forward is skipped."""
+
+
 class UpdateMonitor:
     """``measure() -> {"update/output": ..., "update/block<i>": ..., "update/weights_max": ...}``:
     how far the model moved since the previous call (the first call sets the reference)."""
@@ -86,14 +90,20 @@ class UpdateMonitor:
         self.ends = ends or [model.backbone]
         self.prev_out: Optional[torch.Tensor] = None
         self.prev_weights: list[torch.Tensor] = []
+        # how many times a whole probe forward calls the end blocks (counted on the first): later forwards stop
+        # at the last call, so the heads, and their losses (a transducer's joint lattice), are not computed
+        self.calls: Optional[int] = None
 
     def output(self) -> torch.Tensor:
         outs: list[torch.Tensor] = []
+        stop_at = self.calls
 
         def keep(module, args, out) -> None:
             t = first_tensor(out)
             if t is not None:
                 outs.append(t.detach().float().flatten())
+            if stop_at is not None and len(outs) == stop_at:
+                raise _Captured
 
         hooks = [m.register_forward_hook(keep) for m in self.ends]
         training = self.model.training
@@ -101,14 +111,19 @@ class UpdateMonitor:
         try:
             with torch.no_grad(), seeded(PROBE_SEED):
                 self.model(self.task_id, self.probe)
+        except _Captured:
+            pass
         finally:
             for h in hooks:
                 h.remove()
             self.model.train(training)
+        if self.calls is None:
+            self.calls = len(outs)
         return torch.cat(outs)
 
     def block_weights(self) -> list[torch.Tensor]:
-        return [torch.cat([p.detach().float().flatten() for p in b.parameters()]).clone() for b in self.blocks]
+        # torch.cat copies (even one tensor): the weights as they are now, kept past the next step
+        return [torch.cat([p.detach().float().flatten() for p in b.parameters()]) for b in self.blocks]
 
     def measure(self) -> dict[str, float]:
         out, weights = self.output(), self.block_weights()

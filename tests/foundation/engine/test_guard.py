@@ -50,6 +50,29 @@ def test_update_monitor_measures_relative_changes_and_touches_nothing(tmp_path):
     assert again["update/output"] == 0 and again["update/weights_max"] == 0
 
 
+def test_the_probe_forward_stops_after_the_last_end_block(tmp_path):
+    """After the first measurement the probe forward ends at the end blocks' last call: the head (and its
+    loss) no longer run, and the outputs are the whole forward's, bit for bit, after the model moved too."""
+    model, batch = probe_model(tmp_path)
+    monitor = UpdateMonitor(model, "seq2seq", batch)
+    after_ends: list[int] = []  # leaf modules called, as a count
+    leaves = [m for m in model.modules() if not list(m.children())]
+    hooks = [m.register_forward_hook(lambda *a: after_ends.append(1)) for m in leaves]
+    first = monitor.output()
+    assert monitor.calls == 2  # the encoder's last block, then the decoder's
+    calls_whole = len(after_ends)
+    after_ends.clear()
+    assert torch.equal(monitor.output(), first) and 0 < len(after_ends) < calls_whole  # stopped early
+    with torch.no_grad():
+        for p in monitor.blocks[0].parameters():
+            p.mul_(1.05)
+    stopped = monitor.output()
+    for h in hooks:
+        h.remove()
+    monitor.calls = None  # the whole forward again
+    assert torch.equal(stopped, monitor.output())
+
+
 def test_guard_fires_above_its_recent_level_once_per_episode():
     guard = Guard(factor=4.0, window=10, warmup=5)
     assert all(guard.check(s, 0.1, lr=0.1) is None for s in range(10))  # rate 1 a unit of lr
