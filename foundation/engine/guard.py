@@ -385,13 +385,14 @@ class Stability:
                     if fired is not None:
                         fired.update(signal="update", new_episode=fired["new_episode"] and not self.loss_guard_firing)
             if self.cfg.loss_factor and loss == loss:
-                rule = self.loss_rules.setdefault(kind, LossRule(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))
+                rule = self.loss_rules.get(kind) or self.loss_rules.setdefault(
+                    kind, LossRule(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))  # built once per kind
                 by_loss = rule.check(step, loss)
                 if by_loss is not None and fired is None:
                     fired = {**by_loss, "signal": "loss", "new_episode": by_loss["new_episode"] and not self.guard.firing}
             if self.cfg.giveback and loss == loss:
                 others = self.firing
-                rule = self.giveback_rules.setdefault(kind, GivebackRule(self.cfg.giveback))
+                rule = self.giveback_rules.get(kind) or self.giveback_rules.setdefault(kind, GivebackRule(self.cfg.giveback))
                 by_giveback = rule.check(step, loss)
                 if by_giveback is not None and fired is None:
                     fired = {**by_giveback, "signal": "giveback", "kind": kind,
