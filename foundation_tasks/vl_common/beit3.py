@@ -58,7 +58,7 @@ class BEiT3Embedding(nn.Module):
     """Text tokens, image patches and their positions -> the backbone's input."""
 
     def __init__(self, vocab_size: int, dim: int, img_size: int = 224, patch_size: int = 16,
-                 in_chans: int = 3, text_positions: int = 1022, conv_stem: bool = False):
+                 in_chans: int = 3, text_positions: int = 1022, conv_stem: bool = False, text_std: float = 0.02):
         super().__init__()
         if img_size % patch_size:
             raise ConfigError(f"field 'img_size': {img_size} is not a multiple of patch_size={patch_size}")
@@ -74,8 +74,9 @@ class BEiT3Embedding(nn.Module):
         # positions at N(0, 1) (nn.Embedding's default); on the tiny demo recipes (docs/
         # vision-language.md) its text init scores ~5 VQA points lower on the demo mix (though it
         # learns shape words faster on their own), its positions lower again.
+        # ``text_std``: the VL configs' ``text_embed_std`` (BEiT's 0.02 by default)
         for p in (self.text_embed.weight, self.cls_token, self.mask_token, self.vision_pos, self.text_pos):
-            nn.init.trunc_normal_(p, std=0.02)
+            nn.init.trunc_normal_(p, std=text_std if p is self.text_embed.weight else 0.02)
 
     @property
     def num_vision_tokens(self) -> int:

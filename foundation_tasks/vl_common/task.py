@@ -54,6 +54,10 @@ class VLConfig:
     # 768+-wide heads on a pretrained backbone; a from-scratch dim-64 model trained with such a
     # near-zero head fits the answer prior and never looks at the image (docs/findings.md, Vision-language)
     head_init_std: float = 0.02
+    # std of the text embedding's init (BEiT's 0.02 by default; torchscale's BEiT-3 draws dim^-1/2).
+    # Masked data modeling from 0.02 at dim 64 barely reads a caption's colour words off the image
+    # (21 % against 17 with the image hidden), from dim^-1/2 it does (docs/findings.md, Vision-language)
+    text_embed_std: float = 0.02
     # keep every decoded image in memory after its first read (small data sets on CPU, e.g. the
     # demo's: ~5 % of a tiny VQA step); each DataLoader worker keeps its own
     cache_images: bool = False
@@ -73,8 +77,9 @@ class VLConfig:
         for name in ("image_mean", "image_std"):
             if len(getattr(self, name)) != 3:
                 raise bad(name, "must have 3 values (RGB)")
-        if not 0 < self.head_init_std <= 1:
-            raise bad("head_init_std", "must be in (0, 1]")
+        for name in ("head_init_std", "text_embed_std"):
+            if not 0 < getattr(self, name) <= 1:
+                raise bad(name, "must be in (0, 1]")
         if self.train_color_jitter is not None and not 0 <= self.train_color_jitter <= 1:
             raise bad("train_color_jitter", "must be in [0, 1] or null")
         lo_hi = self.train_crop_scale
@@ -119,7 +124,8 @@ class VLTask(Task):
                 raise ConfigError(f"field 'vocab_size': {vocab} rows cannot hold the tokenizer's {tok.size} ids")
         return dict(tokenizer=self.cfg.tokenizer, spm_model=self.cfg.spm_model, vocab_size=vocab,
                     img_size=self.cfg.img_size, patch_size=self.cfg.patch_size,
-                    text_positions=self.cfg.text_positions, dim=self.backbone_cfg.dim, conv_stem=self.cfg.conv_stem)
+                    text_positions=self.cfg.text_positions, dim=self.backbone_cfg.dim, conv_stem=self.cfg.conv_stem,
+                    text_embed_std=self.cfg.text_embed_std)
 
     def export_meta(self) -> dict[str, Any]:
         """The text tokenizer (its name; a sentencepiece model's bytes) and the evaluation
@@ -164,7 +170,7 @@ class VLTask(Task):
         s = self.embedding_settings()
         embed = self.shared(shared, "BEiT-3 embedding", s, lambda: BEiT3Embedding(
             s["vocab_size"], s["dim"], s["img_size"], s["patch_size"], text_positions=s["text_positions"],
-            conv_stem=s["conv_stem"]))
+            conv_stem=s["conv_stem"], text_std=s["text_embed_std"]))
         used = shared.get_or_create("BEiT-3 embedding parts in use", {}, set)
         used.update(uses)
         for part, params in embed.parts().items():

@@ -4,6 +4,8 @@
 * ``image``: a folder of images (searched recursively: ImageNet folders, COCO's train2014/).
 * ``pair``:  COCO captions (``annotations/captions_<split>.json``: ``images`` with ``id`` and
   ``file_name``, ``annotations`` with ``image_id`` and ``caption``), images in a folder.
+* ``match``: the same captions, unmasked; an item carries its own caption or, half the time,
+  another image's caption that is none of its own (image-text matching).
 
 Items carry their masks, drawn per item (see ``foundation.engine.data.item_seed``; new
 masks every epoch in training, the same ones at every evaluation):
@@ -25,7 +27,7 @@ from foundation_tasks.vl_common.text import Tokenizer, pad_texts
 from foundation_tasks.vl_pretrain.masking import MaskingGenerator, mask_text
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
-KINDS = ("text", "image", "pair")
+KINDS = ("text", "image", "pair", "match")
 
 
 def read_lines(path: str | Path) -> list[tuple[str, str]]:
@@ -89,6 +91,13 @@ class MaskedDataset(Dataset):
                  train: bool, text_ratio: float, image_masking: Optional[MaskingGenerator], random_transform: bool = False):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        if kind == "match":  # each image's own captions: a negative is a caption none of them equals
+            self.own: dict[Path, set[str]] = {}
+            for image, caption, _ in records:
+                self.own.setdefault(image, set()).add(caption)
+            if len({c for _, c, _ in records}) <= max(map(len, self.own.values()), default=0):
+                raise DataError(f"{records[0][2] if records else 'captions'}: image-text matching needs a caption "
+                                "that does not describe the image, for every image")
         self.kind, self.records, self.tokenizer, self.max_text_len = kind, records, tokenizer, max_text_len
         self.transform, self.train, self.text_ratio, self.image_masking = transform, train, text_ratio, image_masking
         self.random_transform = random_transform
@@ -120,6 +129,18 @@ class MaskedDataset(Dataset):
             path = self.records[i]
             return self._image(path, str(path), rng, seed)
         path, caption, record = self.records[i]
+        if self.kind == "match":
+            matched, text_record = bool(rng.random() < 0.5), record
+            while not matched:  # another image's caption, drawn until it is none of this image's
+                _, caption, text_record = self.records[int(rng.integers(len(self.records)))]
+                if caption not in self.own[path]:
+                    break
+            image = transform_image(self.transform, load_image(path, record), seed if self.random_transform else None, record)
+            try:
+                ids = self.tokenizer.encode(caption, self.max_text_len)
+            except ValueError as e:
+                raise DataError(f"{text_record}: {e}") from None
+            return {"image": image, "text": ids, "match": int(matched)}
         return {**self._image(path, record, rng, seed), **self._text(caption, record, rng)}
 
 
@@ -127,9 +148,13 @@ def collate(samples: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     batch = {}
     if "text" in samples[0]:
         batch["text_ids"], batch["text_padding_mask"] = pad_texts([s["text"] for s in samples], pad_id)
+    if "text_target" in samples[0]:
         batch["text_targets"], _ = pad_texts([s["text_target"] for s in samples], pad_id)
         batch["text_masked"] = pad_texts([[int(m) for m in s["text_masked"]] for s in samples], 0)[0].bool()
     if "image" in samples[0]:
         batch["images"] = torch.stack([s["image"] for s in samples])
+    if "vision_mask" in samples[0]:
         batch["vision_mask"] = torch.stack([s["vision_mask"] for s in samples])
+    if "match" in samples[0]:
+        batch["match_labels"] = torch.tensor([s["match"] for s in samples])
     return batch

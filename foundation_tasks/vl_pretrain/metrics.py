@@ -1,6 +1,7 @@
 """Masked-token accuracy of masked data modeling: MLM over masked text tokens, MIM over
 the visual tokens of masked patches, and both pooled (``accuracy``), with the loss per
-masked token, from the sums of ``eval_step``. With the pixels target, MIM reports
+masked token, from the sums of ``eval_step``; image-text matching reports ``itm_accuracy``
+(chance 50) and its loss per pair. With the pixels target, MIM reports
 ``mim_pix_loss`` (the mean squared error of the normalised pixels; 1.0 is what predicting
 each patch's mean scores) instead, and ``accuracy`` / ``loss`` are MLM's."""
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-PARTS = ("mlm", "mim")
+PARTS = ("mlm", "mim", "itm")
 
 
 def mdm_sums(predictions: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foundation_tasks.vl_common.beit3 import BEiT3Embedding, init_head
+from foundation_tasks.vl_common.beit3 import BEiT3Embedding, Pooler, init_head
 
 
 class MLMOutput(nn.Module):
@@ -35,19 +35,37 @@ class MIMOutput(nn.Module):
         return self.proj(hidden)
 
 
-class MDMHead(nn.Module):
-    """A head for one kind of batch: ``mlm`` for texts, ``mim`` for images, both for pairs."""
+class MatchOutput(nn.Module):
+    """Image-text matching: BEiT-3's pooler (as its VQA head) on the first token, then two logits
+    (another image's caption, its own)."""
 
-    def __init__(self, embed: BEiT3Embedding, mlm: MLMOutput | None, mim: MIMOutput | None):
+    def __init__(self, dim: int, std: float = 0.02):
         super().__init__()
-        self.embed, self.mlm, self.mim = embed, mlm, mim
+        self.pooler = Pooler(dim)
+        self.proj = nn.Linear(dim, 2)
+        init_head(self, std=std)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(self.pooler(hidden))
+
+
+class MDMHead(nn.Module):
+    """A head for one kind of batch: ``mlm`` for texts, ``mim`` for images, both for pairs,
+    ``match`` for image-text matching."""
+
+    def __init__(self, embed: BEiT3Embedding, mlm: MLMOutput | None, mim: MIMOutput | None,
+                 match: MatchOutput | None = None):
+        super().__init__()
+        self.embed, self.mlm, self.mim, self.match = embed, mlm, mim, match
 
     def predict(self, backbone: nn.Module, batch: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{"mlm" / "mim": (logits of the masked positions, their targets)}."""
+        """{"mlm" / "mim": (logits of the masked positions, their targets)} or {"itm": (logits, labels)}."""
         text, images = batch.get("text_ids"), batch.get("images")
         x, padding, segments = self.embed(text_ids=text, text_padding_mask=batch.get("text_padding_mask"),
                                           images=images, vision_mask=batch.get("vision_mask"))
         hidden = backbone(x, padding, segments=segments)
+        if self.match is not None:
+            return {"itm": (self.match(hidden), batch["match_labels"])}
         out = {}
         if images is not None:
             n, masked = self.embed.num_vision_tokens, batch["vision_mask"]

@@ -5,10 +5,16 @@ by the engine (``train.mix``, each entry's ``weight`` and ``batch_size``)::
       - {name: vl_pretrain, id: text,  kind: text,  train_data: text/train.txt, ...}             # MLM, 15%
       - {name: vl_pretrain, id: image, kind: image, train_data: coco/train2014, ...}             # MIM, 40% blocks
       - {name: vl_pretrain, id: pair,  kind: pair,  train_data: captions_train2014.json, ...}    # 50% text + 40% image
+      - {name: vl_pretrain, id: match, kind: match, train_data: captions_train2014.json, ...}    # image-text matching
     train: {mix: sum}   # every step one batch of each kind (BEiT-3: 4096 + 4096 + 4096), or sample / round_robin
 
 The entries share one BEiT-3 embedding and the MLM / MIM output layers (``VLTask.shared``).
 Evaluation: masked-token accuracy on held-out data with fixed masks.
+
+``match`` is not BEiT-3's: image-text matching (ITM, as VLMo and ALBEF add to masked language
+modeling), unmasked pairs of which half carry another image's caption, a binary head on the
+pooled first token. Masked modeling alone barely grounds words in the image at the demo's size
+(docs/findings.md, Vision-language); matching a caption to its image cannot be done without it.
 """
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ from foundation_tasks.vl_common.task import VLConfig, VLTask
 from foundation_tasks.vl_pretrain.data import KINDS, MaskedDataset, collate, find_images, read_captions, read_lines
 from foundation_tasks.vl_pretrain.masking import block_masking
 from foundation_tasks.vl_pretrain.metrics import mdm_metrics, mdm_sums
-from foundation_tasks.vl_pretrain.model import MDMHead, MIMOutput, MLMOutput
+from foundation_tasks.vl_pretrain.model import MatchOutput, MDMHead, MIMOutput, MLMOutput
 from foundation_tasks.vl_pretrain.visual_tokenizer import VISUAL_TOKENIZERS, build_visual_tokenizer
 
 DEFAULT_TEXT_RATIO = {"text": 0.15, "pair": 0.5}  # BEiT-3: 15% of monomodal texts, 50% of paired texts
@@ -32,8 +38,8 @@ DEFAULT_TEXT_RATIO = {"text": 0.15, "pair": 0.5}  # BEiT-3: 15% of monomodal tex
 
 @dataclass
 class VLPretrainConfig(VLConfig):
-    kind: str = "pair"  # text (MLM) | image (MIM) | pair (both)
-    train_data: Optional[str] = None  # text: a .txt file; image: a folder; pair: a COCO captions json
+    kind: str = "pair"  # text (MLM) | image (MIM) | pair (both) | match (image-text matching)
+    train_data: Optional[str] = None  # text: a .txt file; image: a folder; pair / match: a COCO captions json
     eval_data: Optional[str] = None
     train_images: Optional[str] = None  # pair: the folder the captions' file_name is relative to
     eval_images: Optional[str] = None
@@ -53,7 +59,7 @@ class VLPretrainConfig(VLConfig):
         super().__post_init__()
         if self.kind not in KINDS:
             raise ConfigError(f"field 'kind': must be one of {', '.join(KINDS)} (got {self.kind!r})")
-        if self.text_mask_ratio is None and self.kind != "image":
+        if self.text_mask_ratio is None and self.kind in DEFAULT_TEXT_RATIO:
             self.text_mask_ratio = DEFAULT_TEXT_RATIO[self.kind]
         for name in ("text_mask_ratio", "image_mask_ratio"):
             value = getattr(self, name)
@@ -62,7 +68,7 @@ class VLPretrainConfig(VLConfig):
         if self.visual_tokenizer not in VISUAL_TOKENIZERS:
             raise ConfigError(f"field 'visual_tokenizer': must be one of {', '.join(VISUAL_TOKENIZERS)} "
                               f"(got {self.visual_tokenizer!r})")
-        if self.visual_tokenizer == "vq_tokenizer" and self.kind != "text" and not self.visual_tokenizer_path:
+        if self.visual_tokenizer == "vq_tokenizer" and self.kind in ("image", "pair") and not self.visual_tokenizer_path:
             raise ConfigError("field 'visual_tokenizer_path': visual_tokenizer=vq_tokenizer needs the tokenizer run's "
                               "model.safetensors")
         if self.visual_vocab_size < 2 or self.visual_code_dim < 1:
@@ -83,8 +89,8 @@ class VLPretrain(VLTask):
     def check(self) -> None:
         super().check()
         c = self.cfg
-        fields = ["train_data", "eval_data"] + (["train_images", "eval_images"] if c.kind == "pair" else [])
-        if c.kind != "text" and c.visual_tokenizer == "vq_tokenizer":
+        fields = ["train_data", "eval_data"] + (["train_images", "eval_images"] if c.kind in ("pair", "match") else [])
+        if c.kind in ("image", "pair") and c.visual_tokenizer == "vq_tokenizer":
             fields.append("visual_tokenizer_path")
         for name in fields:
             value = getattr(c, name)
@@ -102,7 +108,10 @@ class VLPretrain(VLTask):
     def build_head(self, shared=None) -> MDMHead:
         c, dim = self.cfg, self.backbone_cfg.dim
         shared = shared if shared is not None else SharedModules()
-        embed = self.embedding(shared, {"text": ("text",), "image": ("vision", "mask"), "pair": ("text", "vision", "mask")}[c.kind])
+        embed = self.embedding(shared, {"text": ("text",), "image": ("vision", "mask"), "pair": ("text", "vision", "mask"),
+                                        "match": ("text", "vision")}[c.kind])
+        if c.kind == "match":
+            return MDMHead(embed, None, None, MatchOutput(dim, c.head_init_std))
         mlm = mim = None
         if c.kind != "image":
             mlm = self.shared(shared, "MLM output", {"vocab_size": embed.text_embed.num_embeddings},
@@ -117,9 +126,9 @@ class VLPretrain(VLTask):
         c = self.cfg
         data, images = (c.train_data, c.train_images) if train else (c.eval_data, c.eval_images)
         records = {"text": lambda: read_lines(data), "image": lambda: find_images(data),
-                   "pair": lambda: read_captions(data, images)}[c.kind]()
+                   "pair": lambda: read_captions(data, images), "match": lambda: read_captions(data, images)}[c.kind]()
         records = records[: c.max_train_items if train else c.max_eval_items]
-        masking = block_masking(self.grid, c.image_mask_ratio, c.min_mask_block) if c.kind != "text" else None
+        masking = block_masking(self.grid, c.image_mask_ratio, c.min_mask_block) if c.kind in ("image", "pair") else None
         return MaskedDataset(c.kind, records, tokenizer=self.tokenizer, max_text_len=c.max_text_len,
                              transform=self.image_transform(train),
                              train=train, text_ratio=c.text_mask_ratio or 0.0, image_masking=masking,

@@ -117,6 +117,20 @@ def test_segments_follow_the_inputs():
         emb(text_ids=torch.zeros(1, 11, dtype=torch.long))
 
 
+def test_text_embedding_init_std():
+    """BEiT's 0.02 by default; text_std (the configs' text_embed_std) scales the text rows only,
+    and the other tables draw the same numbers either way."""
+    def built(**kw):
+        torch.manual_seed(0)
+        return BEiT3Embedding(4000, 64, IMG, PATCH, text_positions=10, **kw)
+
+    beit, wide = built(), built(text_std=64 ** -0.5)
+    assert beit.text_embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert wide.text_embed.weight.std().item() == pytest.approx(0.125, rel=0.05)
+    for name in ("cls_token", "mask_token", "vision_pos", "text_pos"):
+        assert torch.equal(getattr(beit, name), getattr(wide, name))
+
+
 def _released_state(ts: nn.Module, head: str) -> dict[str, torch.Tensor]:
     """A state dict laid out as microsoft/unilm's released BEiT-3 checkpoints."""
     state = {f"beit3.{k}": v.clone() for k, v in ts.state_dict().items()}

@@ -15,6 +15,7 @@ from foundation.engine.model import ModelConfig, MultiTaskModel
 from foundation_tasks.vl_common.images import DataError
 from foundation_tasks.vl_common.text import get_tokenizer
 from foundation_tasks.vl_pretrain.masking import block_masking, mask_text
+from support import load_benchmark
 
 BACKBONE = {"dim": 16, "depth": 2, "heads": 2, "ffn_dim": 32, "experts": ["vision", "text"]}
 FRONT = {"img_size": 32, "patch_size": 8, "max_text_len": 24, "text_positions": 32}
@@ -207,3 +208,77 @@ def test_caption_reader_errors_name_the_record(vl_demo_copy):
     path.write_text(json.dumps(doc))
     with pytest.raises(DataError, match=r"annotations\[5\]: expected"):
         read_captions(path, data / "vqa/train2014")
+
+
+def match_task(demo, **extra):
+    return {"name": "vl_pretrain", **FRONT, "id": "match", "kind": "match", **extra,
+            "train_data": str(demo / "coco/annotations/captions_train2014.json"), "train_images": str(demo / "vqa/train2014"),
+            "eval_data": str(demo / "coco/annotations/captions_val2014.json"), "eval_images": str(demo / "vqa/val2014")}
+
+
+def test_image_text_matching_pairs_half_with_another_images_caption(demo, tmp_path, capsys):
+    """kind: match: unmasked pairs, about half of them carrying a caption of a different image
+    (label 0), the same items at every evaluation; a binary head on the pooled first token,
+    sharing the embedding with the masked-modeling entries; trains through the engine."""
+    from foundation.engine.loop import train
+    from foundation_tasks.vl_pretrain.data import read_captions
+
+    tasks = pretrain_tasks(demo) + [match_task(demo)]
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": tasks})
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    head, task = model.heads["match"], model.tasks["match"]
+    assert head.embed is model.heads["pair"].embed and head.mlm is None and head.mim is None
+    tok = get_tokenizer()
+    records = read_captions(demo / "coco/annotations/captions_train2014.json", demo / "vqa/train2014")
+    captions_of = collections.defaultdict(set)
+    for image, caption, _ in records:
+        captions_of[image].add(tuple(tok.encode(caption, FRONT["max_text_len"])))
+    assert len(captions_of) < len(records)  # images with several captions: a negative is none of them
+    data = task.train_dataset()
+    items = [data[i] for i in range(len(data))]
+    labels = [it["match"] for it in items]
+    assert 0.2 < sum(labels) / len(labels) < 0.8 and tok.mask_id not in {t for it in items for t in it["text"]}
+    for it, (image, _, _) in zip(items, records):
+        assert (tuple(it["text"]) in captions_of[image]) == bool(it["match"])  # a negative never describes its image
+    evals = task.eval_dataset()
+    assert [evals[i]["text"] for i in range(6)] == [evals[i]["text"] for i in range(6)]  # fixed at evaluation
+    batch = task.collate(items[:6])
+    assert set(batch) == {"text_ids", "text_padding_mask", "images", "match_labels"}
+    (logits, target), = head.predict(model.backbone, batch).values()
+    assert logits.shape == (6, 2) and torch.equal(target, batch["match_labels"])
+
+    raw = {"backbone": BACKBONE, "tasks": tasks, "output_dir": str(tmp_path), "run_name": "itm",
+           "train": {"steps": 4, "batch_size": 4}, "eval": {"max_batches": 1},
+           "log": {"progress": False, "writers": ["jsonl"]}, "optim": {"lr": 1e-3}}
+    result = train(*resolve(raw))
+    assert result.status == "finished" and 0 <= result.metrics["match/itm_accuracy"] <= 1
+    assert {"loss/match", "match/itm_acc"} <= {k for line in (tmp_path / "itm/metrics.jsonl").read_text().splitlines()
+                                              for k in json.loads(line)}
+
+    # benchmarks/vl_grounding_probe.py on that run: each probed word is one of its kind's, masked alone;
+    # one row per model under the untrained reference; a run without a pair entry is refused in one line
+    grounding = load_benchmark("vl_grounding_probe")
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    items = grounding.caption_items(model, "pair", 12)
+    kinds = grounding.word_ids(tok)
+    assert items and all(kinds[ids[j]] == kind for ids, j, kind, _ in items)
+    assert {"colour", "shape", "count"} <= {kind for *_, kind, _ in items}
+    res = grounding.score(model, "pair", items)
+    assert sum(r[0] for r in res.values()) == len(items) and all(0 <= r[1] <= r[0] and 0 <= r[2] <= r[0] for r in res.values())
+    assert grounding.main([str(tmp_path / "itm"), "--captions", "12"]) == 0
+    out = capsys.readouterr().out
+    assert "| same architecture, untrained |" in out and f"| {tmp_path / 'itm'} |" in out
+    raw["tasks"], raw["run_name"] = [match_task(demo)], "itm-only"
+    assert train(*resolve(raw)).status == "finished"
+    assert grounding.main([str(tmp_path / "itm-only")]) == 2
+    assert "not a VL pretraining run with a pair entry" in capsys.readouterr().err
+
+
+def test_image_text_matching_refuses_captions_that_leave_no_negative(vl_demo_copy):
+    from foundation_tasks.vl_pretrain.data import MaskedDataset
+
+    image = next((vl_demo_copy / "vqa/train2014").iterdir())
+    records = [(image, "A red square.", "captions.json: annotations[0]"), (image, "Two squares.", "captions.json: annotations[1]")]
+    with pytest.raises(DataError, match=r"annotations\[0\]: image-text matching needs a caption that does not describe"):
+        MaskedDataset("match", records, tokenizer=get_tokenizer(), max_text_len=24, transform=None, train=True,
+                      text_ratio=0.0, image_masking=None)
