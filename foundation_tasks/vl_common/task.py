@@ -56,7 +56,8 @@ class VLConfig:
     head_init_std: float = 0.02
     # std of the text embedding's init (BEiT's 0.02 by default; torchscale's BEiT-3 draws dim^-1/2).
     # Masked data modeling from 0.02 at dim 64 barely reads a caption's colour words off the image
-    # (21 % against 17 with the image hidden), from dim^-1/2 it does (docs/findings.md, Vision-language)
+    # (19 % against 16 with the image hidden), from dim^-1/2 it does (56 %), though VQA gains no more from it
+    # (docs/findings.md, pretraining where labels are scarce)
     text_embed_std: float = 0.02
     # keep every decoded image in memory after its first read (small data sets on CPU, e.g. the
     # demo's: ~5 % of a tiny VQA step); each DataLoader worker keeps its own

@@ -14,7 +14,7 @@ Evaluation: masked-token accuracy on held-out data with fixed masks.
 ``match`` is not BEiT-3's: image-text matching (ITM, as VLMo and ALBEF add to masked language
 modeling), unmasked pairs of which half carry another image's caption, a binary head on the
 pooled first token. Masked modeling alone barely grounds words in the image at the demo's size
-(docs/findings.md, Vision-language); matching a caption to its image cannot be done without it.
+(docs/findings.md, pretraining where labels are scarce); a caption cannot be matched to its image without it.
 """
 from __future__ import annotations
 
