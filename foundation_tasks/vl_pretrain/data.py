@@ -88,7 +88,8 @@ class MaskedDataset(Dataset):
     for ``image``, (image, caption, record) ``pairs`` for ``pair``."""
 
     def __init__(self, kind: str, records: list, *, tokenizer: Tokenizer, max_text_len: int, transform: Callable,
-                 train: bool, text_ratio: float, image_masking: Optional[MaskingGenerator], random_transform: bool = False):
+                 train: bool, text_ratio: float, image_masking: Optional[MaskingGenerator], random_transform: bool = False,
+                 prefer_pieces: frozenset[int] = frozenset()):
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
         if kind == "match":  # each image's own captions: a negative is a caption none of them equals
@@ -100,7 +101,7 @@ class MaskedDataset(Dataset):
                                 "that does not describe the image, for every image")
         self.kind, self.records, self.tokenizer, self.max_text_len = kind, records, tokenizer, max_text_len
         self.transform, self.train, self.text_ratio, self.image_masking = transform, train, text_ratio, image_masking
-        self.random_transform = random_transform
+        self.random_transform, self.prefer_pieces = random_transform, prefer_pieces
 
     def __len__(self) -> int:
         return len(self.records)
@@ -112,7 +113,8 @@ class MaskedDataset(Dataset):
         except ValueError as e:
             raise DataError(f"{record}: {e}") from None
         masked_ids, masked = mask_text(ids, self.text_ratio, rng, mask_id=tok.mask_id,
-                                       vocab=(tok.first_piece, tok.mask_id), special=(tok.bos_id, tok.eos_id))
+                                       vocab=(tok.first_piece, tok.mask_id), special=(tok.bos_id, tok.eos_id),
+                                       prefer=self.prefer_pieces)
         return {"text": masked_ids, "text_target": ids, "text_masked": masked}
 
     def _image(self, path: Path, record: str, rng: np.random.Generator, seed: int) -> dict[str, Any]:

@@ -22,15 +22,26 @@ def block_masking(grid: tuple[int, int], ratio: float, min_block: int | None = N
 
 
 def mask_text(ids: list[int], ratio: float, rng: np.random.Generator, *, mask_id: int, vocab: tuple[int, int],
-              special: tuple[int, ...]) -> tuple[list[int], list[bool]]:
+              special: tuple[int, ...], prefer: frozenset[int] = frozenset()) -> tuple[list[int], list[bool]]:
     """BERT's masking of ``round(ratio * pieces)`` (at least one) of the pieces (``ids``
     without bos / eos): each becomes ``mask_id`` (80%), a random id from ``vocab`` =
-    [low, high) other than ``special`` (10%), or stays (10%). Returns (input ids, masked)."""
+    [low, high) other than ``special`` (10%), or stays (10%). Returns (input ids, masked).
+
+    Pieces whose id is in ``prefer`` are chosen first (in random order), the rest of the
+    ``round(ratio * pieces)`` at random among the others: the content-word masking of Bitton
+    et al. 2021, which masks what the image shows rather than words the sentence alone gives.
+    With ``prefer`` empty the draws are exactly BERT's."""
     pieces = [i for i, t in enumerate(ids) if t not in special]
     if not pieces:
         return list(ids), [False] * len(ids)
     n = min(len(pieces), max(1, int(round(ratio * len(pieces)))))
-    chosen = rng.choice(pieces, n, replace=False)
+    if prefer:
+        first = [i for i in pieces if ids[i] in prefer]
+        rest = [i for i in pieces if ids[i] not in prefer]
+        first = list(rng.permutation(first)) if first else []
+        chosen = first[:n] + (list(rng.choice(rest, n - len(first), replace=False)) if n > len(first) else [])
+    else:
+        chosen = rng.choice(pieces, n, replace=False)
     out, masked = list(ids), [False] * len(ids)
     for i in chosen:
         masked[i] = True

@@ -44,6 +44,8 @@ class VLPretrainConfig(VLConfig):
     train_images: Optional[str] = None  # pair: the folder the captions' file_name is relative to
     eval_images: Optional[str] = None
     text_mask_ratio: Optional[float] = None  # default 0.15 for text, 0.5 for pair
+    text_mask_words: Optional[list[str]] = None  # words masked first (content-word masking, Bitton et al. 2021);
+    #   default: BERT's uniform choice
     image_mask_ratio: float = 0.4  # block-wise (BEiT)
     min_mask_block: Optional[int] = None  # patches; default min(16, masked patches // 4) (BEiT: 16 on 14 x 14)
     visual_tokenizer: str = "random_projection"  # | vq_tokenizer (a foundation_tasks/vq_tokenizer run, BEiT v2's VQ-KD)
@@ -65,6 +67,9 @@ class VLPretrainConfig(VLConfig):
             value = getattr(self, name)
             if value is not None and not 0.0 < value < 1.0:
                 raise ConfigError(f"field {name!r}: must be in (0, 1) (got {value!r})")
+        if self.text_mask_words is not None and (
+                not self.text_mask_words or not all(isinstance(w, str) and w.strip() for w in self.text_mask_words)):
+            raise ConfigError(f"field 'text_mask_words': expected a non-empty list of words (got {self.text_mask_words!r})")
         if self.visual_tokenizer not in VISUAL_TOKENIZERS:
             raise ConfigError(f"field 'visual_tokenizer': must be one of {', '.join(VISUAL_TOKENIZERS)} "
                               f"(got {self.visual_tokenizer!r})")
@@ -132,7 +137,13 @@ class VLPretrain(VLTask):
         return MaskedDataset(c.kind, records, tokenizer=self.tokenizer, max_text_len=c.max_text_len,
                              transform=self.image_transform(train),
                              train=train, text_ratio=c.text_mask_ratio or 0.0, image_masking=masking,
-                             random_transform=train and self.augments)
+                             random_transform=train and self.augments, prefer_pieces=self.mask_word_pieces())
+
+    def mask_word_pieces(self) -> frozenset[int]:
+        """The piece ids of ``text_mask_words`` (every piece of each word, as the tokenizer splits it
+        alone; CLIP's BPE and sentencepiece split a word the same way wherever it stands)."""
+        words = self.cfg.text_mask_words or []
+        return frozenset(i for w in words for i in self.tokenizer.pieces(w.strip()))
 
     def train_dataset(self) -> MaskedDataset:
         return self._dataset(True)

@@ -49,6 +49,31 @@ def test_text_masking_rate_and_replacement(ratio):
     assert kinds["random"] / total == pytest.approx(0.1, abs=0.03)
 
 
+def test_text_masking_prefers_the_given_pieces_then_draws_the_rest():
+    ids = [1000] + [2000, 7, 2001, 8, 9, 7, 2002, 2003] + [1001]  # 8 pieces, two of them (7) preferred twice
+    rng = np.random.default_rng(0)
+    for ratio, n in ((0.15, 1), (0.5, 4)):
+        chosen = collections.Counter()
+        for _ in range(400):
+            _, masked = mask_text(ids, ratio, rng, mask_id=5, vocab=(10, 3000), special=(1000, 1001),
+                                  prefer=frozenset({7, 8}))
+            where = np.flatnonzero(masked)
+            assert len(where) == n and not masked[0] and not masked[-1]
+            preferred = [i for i in where if ids[i] in (7, 8)]
+            assert len(preferred) == min(n, 3)  # every preferred piece is masked before any other
+            chosen.update(int(i) for i in where)
+        if n == 1:  # one piece: each of the three preferred positions in turn
+            assert set(chosen) == {2, 4, 6} and min(chosen.values()) > 100
+        else:  # the fourth at random among the other five
+            assert {i for i in chosen if ids[i] not in (7, 8)} == {1, 3, 5, 7, 8}
+    # no preferred piece in the text: BERT's draw, the same numbers as without ``prefer``
+    plain = [1000, 2000, 2001, 2002, 2003, 1001]
+    a = mask_text(plain, 0.5, np.random.default_rng(3), mask_id=5, vocab=(10, 3000), special=(1000, 1001))
+    b = mask_text(plain, 0.5, np.random.default_rng(3), mask_id=5, vocab=(10, 3000), special=(1000, 1001),
+                  prefer=frozenset({7}))
+    assert a == b
+
+
 @pytest.fixture(scope="module")
 def demo(write_vl_demo):
     return write_vl_demo(seed=1, vqa_train=12, vqa_val=6, questions_per_image=2, nlvr2_train=4, nlvr2_dev=4,
@@ -87,6 +112,30 @@ def test_masking_rates_in_the_data_match_the_config(demo):
             assert batch["vision_mask"].shape[1] == n_patches
             assert batch["vision_mask"].sum(1).max() <= round(0.4 * n_patches)
             assert batch["vision_mask"].float().mean() > 0.9 * 0.4
+
+
+def test_text_mask_words_mask_the_captions_content_words(demo):
+    words = ["red", "green", "blue", "yellow", "purple", "gray", "circle", "square", "triangle"]
+    tasks = pretrain_tasks(demo)
+    tasks[2]["text_mask_words"] = words
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": tasks})
+    task = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs)).tasks["pair"]
+    tok, prefer = task.tokenizer, task.mask_word_pieces()
+    assert prefer == {tok.pieces(w)[0] for w in words}
+    data = task.train_dataset()
+    hits = 0
+    for i in range(len(data)):
+        item = data[i]
+        target, masked = item["text_target"], item["text_masked"]
+        content = [j for j, t in enumerate(target) if t in prefer]
+        n = max(1, round(0.5 * (len(target) - 2)))
+        # the content words go first: all of them, or as many as the ratio allows
+        assert sum(masked[j] for j in content) == min(len(content), n) and sum(masked) == n
+        hits += len(content)
+    assert hits > 0
+    tasks[2]["text_mask_words"] = []
+    with pytest.raises(ConfigError, match="text_mask_words"):
+        resolve({"backbone": BACKBONE, "tasks": tasks})
 
 
 def test_kinds_share_one_embedding_and_outputs(demo):
