@@ -141,7 +141,9 @@ class VLPretrain(VLTask):
 
     def mask_word_pieces(self) -> frozenset[int]:
         """The piece ids of ``text_mask_words`` (every piece of each word, as the tokenizer splits it
-        alone; CLIP's BPE and sentencepiece split a word the same way wherever it stands)."""
+        alone; CLIP's BPE splits a word the same way wherever it stands). A word split into pieces
+        puts each piece first wherever it occurs ("triangles" is "tri" + "angles"), so list words
+        whose pieces are not common suffixes."""
         words = self.cfg.text_mask_words or []
         return frozenset(i for w in words for i in self.tokenizer.pieces(w.strip()))
 
