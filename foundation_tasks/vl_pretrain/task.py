@@ -70,6 +70,9 @@ class VLPretrainConfig(VLConfig):
         if self.text_mask_words is not None and (
                 not self.text_mask_words or not all(isinstance(w, str) and w.strip() for w in self.text_mask_words)):
             raise ConfigError(f"field 'text_mask_words': expected a non-empty list of words (got {self.text_mask_words!r})")
+        if self.text_mask_words is not None and self.kind not in DEFAULT_TEXT_RATIO:
+            raise ConfigError(f"field 'text_mask_words': kind {self.kind} masks no text (only kinds "
+                              f"{', '.join(DEFAULT_TEXT_RATIO)} do)")
         if self.visual_tokenizer not in VISUAL_TOKENIZERS:
             raise ConfigError(f"field 'visual_tokenizer': must be one of {', '.join(VISUAL_TOKENIZERS)} "
                               f"(got {self.visual_tokenizer!r})")

@@ -136,6 +136,10 @@ def test_text_mask_words_mask_the_captions_content_words(demo):
     tasks[2]["text_mask_words"] = []
     with pytest.raises(ConfigError, match="text_mask_words"):
         resolve({"backbone": BACKBONE, "tasks": tasks})
+    tasks = pretrain_tasks(demo)
+    tasks[1]["text_mask_words"] = words  # the image kind masks no text: an error, not a silent no-op
+    with pytest.raises(ConfigError, match="text_mask_words': kind image masks no text"):
+        resolve({"backbone": BACKBONE, "tasks": tasks})
 
 
 def test_kinds_share_one_embedding_and_outputs(demo):
