@@ -36,9 +36,15 @@ def test_update_monitor_measures_relative_changes_and_touches_nothing(tmp_path):
     monitor = UpdateMonitor(model, "seq2seq", batch)
     assert len(monitor.blocks) == 4 and len(monitor.ends) == 2  # encoder and decoder, 2 blocks each
     model.train()
+    monitor.blocks[2].eval()  # a part kept in eval (a frozen teacher) stays so; the probe runs all in eval
+    seen = []
+    hook = monitor.blocks[0].register_forward_hook(lambda m, *a: seen.append(m.training))
     rng = torch.get_rng_state()
     assert monitor.measure() == {}  # the reference
-    assert torch.equal(torch.get_rng_state(), rng) and model.training
+    hook.remove()
+    assert torch.equal(torch.get_rng_state(), rng) and model.training and seen == [False]
+    assert [m.training for m in monitor.blocks] == [True, True, False, True]
+    monitor.blocks[2].train()
     with torch.no_grad():
         for p in monitor.blocks[1].parameters():
             p.mul_(1.1)  # block 1 moves by exactly 10 % of its norm
