@@ -1,7 +1,8 @@
 """BEiT-3's VQA head around the shared backbone: the image-question pair through the
-multiway backbone, the pooler on the first (image class) token, an MLP over the answers,
-and binary cross-entropy on the soft scores, scaled by the number of answers as BEiT-3
-does (``BCEWithLogits(mean) * num_answers``: per question, the sum over answers).
+multiway backbone, the pooler on the first (image class) token (``pool: max``: on the max
+over the image's patch tokens), an MLP over the answers, and binary cross-entropy on the
+soft scores, scaled by the number of answers as BEiT-3 does (``BCEWithLogits(mean) *
+num_answers``: per question, the sum over answers).
 
 With ``num_objects`` (the VQA config's ``object_annotations``), a linear layer also names the
 object category (or background, the last class) of every patch token after block
@@ -19,11 +20,17 @@ from torch import nn
 from foundation_tasks.vl_common.beit3 import BEiT3Embedding, Pooler, encode, init_head
 
 
+POOLS = ("cls", "max")
+
+
 class VQAHead(nn.Module):
     def __init__(self, embed: BEiT3Embedding, dim: int, num_answers: int, eps: float = 1e-5, init_std: float = 0.02,
-                 num_objects: int = 0, object_block: int = 1, object_weight: float = 1.0):
+                 num_objects: int = 0, object_block: int = 1, object_weight: float = 1.0, pool: str = "cls"):
         super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"VQAHead: pool must be one of {POOLS}, got {pool!r}")
         self.embed = embed  # shared with the model's other VL heads
+        self.pool = pool
         self.pooler = Pooler(dim, eps)
         self.head = nn.Sequential(nn.Linear(dim, 2 * dim), nn.LayerNorm(2 * dim, eps=eps), nn.GELU(),
                                   nn.Linear(2 * dim, num_answers))  # BEiT-3's names: head.0, head.1, head.3
@@ -40,12 +47,19 @@ class VQAHead(nn.Module):
         """(answer logits, the object loss or None)."""
         inputs = dict(text_ids=batch["text_ids"], text_padding_mask=batch["text_padding_mask"], images=batch["images"])
         if self.objects is None or "object_labels" not in batch:
-            return self.head(self.pooler(encode(self.embed, backbone, **inputs))), None
+            return self.head(self.pooler(self.pooled(encode(self.embed, backbone, **inputs)))), None
         x, hidden = encode(self.embed, backbone, return_layers=[self.object_block], **inputs)
         labels = batch["object_labels"]
         patches = hidden[self.object_block][:, 1:1 + labels.shape[1]]  # the image's class token first
         objects = F.cross_entropy(self.objects(patches).flatten(0, 1).float(), labels.flatten())
-        return self.head(self.pooler(x)), objects
+        return self.head(self.pooler(self.pooled(x))), objects
+
+    def pooled(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, dim) -> (B, 1, dim), the token the pooler reads: the image's class token
+        (``cls``) or the max over its patch tokens (``max``; the image comes first, then the text)."""
+        if self.pool == "cls":
+            return x[:, :1]
+        return x[:, 1:self.embed.num_vision_tokens].amax(1, keepdim=True)
 
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean",

@@ -17,7 +17,7 @@ from foundation_tasks.vl_common.task import VLConfig, VLTask
 from foundation_tasks.vqa.data import (ANNOTATIONS, IMAGES, QUESTIONS, ObjectLabels, Questions, VQADataset, answer_counts,
                                        collate, read_answer_list, read_split, vocabulary_of)
 from foundation_tasks.vqa.metrics import type_sums, vqa_accuracy, vqa_metrics
-from foundation_tasks.vqa.model import VQAHead
+from foundation_tasks.vqa.model import POOLS, VQAHead
 
 OUT_OF_VOCAB = ("error", "skip")
 
@@ -37,6 +37,10 @@ class VQAConfig(VLConfig):
     answers: List[str] = field(default_factory=list)
     out_of_vocab: str = "error"  # a training question with no answer in the vocabulary: error | skip (BEiT-3)
     pretrained_head: bool = False  # init_from also loads pooler + head (a converted BEiT-3 VQA model)
+    # what the pooler reads: "cls", the image's class token (BEiT-3), or "max", the element-wise max
+    # over the image's patch tokens (as a CNN's global max pool). Without per-patch object labels
+    # "max" learns faster on small scenes (docs/vision-language.md, off its home data)
+    pool: str = "cls"
     # Per-patch object labels beside the answer loss (null: off): COCO instances over the
     # training images, "{split}" = train_split, relative to data_dir (the demo's:
     # ../coco/annotations/instances_{split}.json). Each patch token after block
@@ -62,6 +66,8 @@ class VQAConfig(VLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.pool not in POOLS:
+            raise ConfigError(f"field 'pool': must be one of {', '.join(POOLS)} (got {self.pool!r})")
         if self.out_of_vocab not in OUT_OF_VOCAB:
             raise ConfigError(f"field 'out_of_vocab': must be error or skip (got {self.out_of_vocab!r})")
         if self.min_answer_count < 1:
@@ -154,7 +160,7 @@ class VQA(VLTask):
         objects = dict(num_objects=len(c.object_categories), object_block=c.object_loss_block - 1,
                        object_weight=c.object_loss_weight) if c.object_annotations is not None else {}
         return VQAHead(embed, self.backbone_cfg.dim, len(c.answers), self.backbone_cfg.layernorm_eps,
-                       c.head_init_std, **objects)
+                       c.head_init_std, pool=c.pool, **objects)
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> VQADataset:
         c = self.cfg

@@ -177,6 +177,8 @@ def test_vqa_config_errors(demo, tmp_path):
         build(VQAConfig, {"answer_vocab": str(tmp_path / "nope.txt")})
     with pytest.raises(ConfigError, match="field 'head_init_std'"):
         build(VQAConfig, {"answers": ["yes"], "head_init_std": 0})
+    with pytest.raises(ConfigError, match="field 'pool'"):
+        build(VQAConfig, {"answers": ["yes"], "pool": "mean"})
 
 
 def test_finetune_check_names_field_and_path(demo, tmp_path):

@@ -89,7 +89,30 @@ def test_patch_tokens_of_the_chosen_block_name_their_objects():
     assert objects is None  # evaluation batches carry no labels
 
 
+def test_max_pool_reads_the_largest_patch_value_and_ignores_the_text():
+    """``pool: max``: the pooler reads the element-wise max over the image's patch tokens; the
+    class token and the text tokens after the image play no part."""
+    from foundation_tasks.vqa.model import VQAHead
+
+    torch.manual_seed(0)
+    head = VQAHead(_FakeEmbed(), 8, 3, pool="max")
+    last = torch.randn(2, 5 + 3, 8)  # class token + 4 patches, then 3 text tokens
+    batch = {"text_ids": None, "text_padding_mask": None, "images": None}
+    logits = head.logits(_Backbone(last, {}), batch)
+    assert torch.allclose(logits, head.head(head.pooler(last[:, 1:5].amax(1, keepdim=True))))
+    other = last.clone()
+    other[:, 0] = 3 * torch.randn(2, 8)
+    other[:, 5:] = 3 * torch.randn(2, 3, 8)
+    assert torch.equal(head.logits(_Backbone(other, {}), batch), logits)
+    cls = VQAHead(_FakeEmbed(), 8, 3)  # BEiT-3's: the class token moved, so does the answer
+    assert not torch.allclose(cls.logits(_Backbone(other, {}), batch), cls.logits(_Backbone(last, {}), batch))
+    with pytest.raises(ValueError, match="pool"):
+        VQAHead(_FakeEmbed(), 8, 3, pool="mean")
+
+
 class _FakeEmbed(torch.nn.Module):
+    num_vision_tokens = 5
+
     def forward(self, **inputs):
         return None, None, None
 
@@ -160,12 +183,12 @@ def test_vqa_trains_the_patch_classifier(vl_demo_copy, tmp_path, run_config, run
     from foundation import load_predictor
 
     data = vl_demo_copy
-    run_config(vqa_config(tmp_path, data, object_annotations=INSTANCES, object_loss_block=1))
+    run_config(vqa_config(tmp_path, data, object_annotations=INSTANCES, object_loss_block=1, pool="max"))
     run = tmp_path / "runs/vqa"
     losses = [r["vqa/object_loss"] for r in run_records(run) if "vqa/object_loss" in r]
     assert len(losses) == 40 and np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])  # the patches learn their objects
     saved = (run / "config.yaml").read_text()
-    assert "red circle" in saved  # the categories travel with the run
+    assert "red circle" in saved and "pool: max" in saved  # the categories and the pooling travel with the run
     # the trained model answers without the annotation file or the data
     shutil.rmtree(data / "coco")
     predictor = load_predictor(run, device="cpu")
