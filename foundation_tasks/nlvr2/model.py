@@ -1,5 +1,6 @@
 """BEiT-3's NLVR2 head: each image paired with the sentence through the multiway backbone,
-the image class token and the text's first token of each pair concatenated, the two
+the image class token (``pool: max``: the max over its patch tokens, as the VQA head's) and
+the text's first token of each pair concatenated, the two
 pairs' representations concatenated (4 x dim), and a two-layer MLP to True / False.
 As BEiT-3, the MLP starts near zero (its Linear layers scaled by 0.001)."""
 from __future__ import annotations
@@ -8,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foundation_tasks.vl_common.beit3 import BEiT3Embedding, encode, init_head
+from foundation_tasks.vl_common.beit3 import POOLS, BEiT3Embedding, encode, image_summary, init_head
 
 
 class TwoLayerMLP(nn.Module):
@@ -28,9 +29,12 @@ class TwoLayerMLP(nn.Module):
 
 class NLVR2Head(nn.Module):
     def __init__(self, embed: BEiT3Embedding, dim: int, eps: float = 1e-5, init_std: float = 0.02,
-                 init_scale: float = 0.001):
+                 init_scale: float = 0.001, pool: str = "cls"):
         super().__init__()
+        if pool not in POOLS:
+            raise ValueError(f"NLVR2Head: pool must be one of {POOLS}, got {pool!r}")
         self.embed = embed  # shared with the model's other VL heads
+        self.pool = pool
         self.head = TwoLayerMLP(4 * dim, 2 * dim, 2, eps)
         init_head(self.head, scale=init_scale, std=init_std)
 
@@ -38,7 +42,8 @@ class NLVR2Head(nn.Module):
         B = batch["text_ids"].shape[0]
         x = encode(self.embed, backbone, images=torch.cat([batch["left"], batch["right"]]),
                    text_ids=batch["text_ids"].repeat(2, 1), text_padding_mask=batch["text_padding_mask"].repeat(2, 1))
-        pair = torch.cat([x[:, 0], x[:, self.embed.num_vision_tokens]], dim=-1)  # (2B, 2 dim)
+        n = self.embed.num_vision_tokens
+        pair = torch.cat([image_summary(x, self.pool, n)[:, 0], x[:, n]], dim=-1)  # (2B, 2 dim)
         return self.head(torch.cat([pair[:B], pair[B:]], dim=-1))
 
     def forward(self, backbone: nn.Module, batch: dict) -> tuple[torch.Tensor, dict]:

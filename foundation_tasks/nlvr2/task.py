@@ -8,10 +8,12 @@ from typing import Optional
 
 import torch
 
+from foundation.config import ConfigError
 from foundation.engine.task import SharedModules, register_task
 from foundation_tasks.nlvr2.data import NLVR2Dataset, collate, read_split
 from foundation_tasks.nlvr2.metrics import nlvr2_metrics, nlvr2_sums
 from foundation_tasks.nlvr2.model import NLVR2Head
+from foundation_tasks.vl_common.beit3 import POOLS
 from foundation_tasks.vl_common.task import VLConfig, VLTask
 
 
@@ -23,8 +25,17 @@ class NLVR2Config(VLConfig):
     eval_split: str = "dev"
     head_init_scale: float = 0.001  # the head's Linear weights times this after init (BEiT-3: 0.001)
     pretrained_head: bool = False  # init_from also loads the head (a converted BEiT-3 NLVR2 model)
+    # what the head reads of each image: "cls", its class token (BEiT-3), or "max", the element-wise
+    # max over its patch tokens; the VQA start's own pool (a VQA run with pool=max leaves the class
+    # token untrained)
+    pool: str = "cls"
     max_train_statements: Optional[int] = None  # the first N (quick runs)
     max_eval_statements: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.pool not in POOLS:
+            raise ConfigError(f"field 'pool': must be one of {', '.join(POOLS)} (got {self.pool!r})")
 
     @property
     def images(self) -> Optional[str]:
@@ -47,7 +58,7 @@ class NLVR2(VLTask):
     def build_head(self, shared=None) -> NLVR2Head:
         embed = self.embedding(shared if shared is not None else SharedModules())
         return NLVR2Head(embed, self.backbone_cfg.dim, self.backbone_cfg.layernorm_eps, self.cfg.head_init_std,
-                         self.cfg.head_init_scale)
+                         self.cfg.head_init_scale, pool=self.cfg.pool)
 
     def _dataset(self, split: str, train: bool, limit: Optional[int]) -> NLVR2Dataset:
         c = self.cfg

@@ -151,6 +151,21 @@ def encode(embed: BEiT3Embedding, backbone: nn.Module, return_layers=None, **inp
     return backbone(x, padding, segments=segments, return_layers=return_layers)
 
 
+POOLS = ("cls", "max")
+
+
+def image_summary(x: torch.Tensor, pool: str, num_vision_tokens: int) -> torch.Tensor:
+    """(B, N, dim) -> (B, 1, dim): what a VL head reads of the image in ``encode``'s output
+    (the image first: its class token, then its patches, then the text). ``cls``: the class
+    token (BEiT-3); ``max``: the element-wise max over the patch tokens, as a CNN's global
+    max pool, which learns small objects faster without per-patch labels (docs/vision-language.md)."""
+    if pool == "cls":
+        return x[:, :1]
+    if pool == "max":
+        return x[:, 1:num_vision_tokens].amax(1, keepdim=True)
+    raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+
+
 class Pooler(nn.Module):
     """BEiT-3's pooler: LayerNorm, dense, tanh of the first (class) token."""
 

@@ -17,10 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foundation_tasks.vl_common.beit3 import BEiT3Embedding, Pooler, encode, init_head
-
-
-POOLS = ("cls", "max")
+from foundation_tasks.vl_common.beit3 import POOLS, BEiT3Embedding, Pooler, encode, image_summary, init_head
 
 
 class VQAHead(nn.Module):
@@ -56,10 +53,8 @@ class VQAHead(nn.Module):
 
     def pooled(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, dim) -> (B, 1, dim), the token the pooler reads: the image's class token
-        (``cls``) or the max over its patch tokens (``max``; the image comes first, then the text)."""
-        if self.pool == "cls":
-            return x[:, :1]
-        return x[:, 1:self.embed.num_vision_tokens].amax(1, keepdim=True)
+        (``cls``) or the max over its patch tokens (``max``)."""
+        return image_summary(x, self.pool, self.embed.num_vision_tokens)
 
     @staticmethod
     def loss(logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean",

@@ -12,12 +12,13 @@ import torch
 from foundation.config import ConfigError
 from foundation.engine.data import labelled_fraction
 from foundation.engine.task import SharedModules, register_task
+from foundation_tasks.vl_common.beit3 import POOLS
 from foundation_tasks.vl_common.objects import Objects, read_objects
 from foundation_tasks.vl_common.task import VLConfig, VLTask
 from foundation_tasks.vqa.data import (ANNOTATIONS, IMAGES, QUESTIONS, ObjectLabels, Questions, VQADataset, answer_counts,
                                        collate, read_answer_list, read_split, vocabulary_of)
 from foundation_tasks.vqa.metrics import type_sums, vqa_accuracy, vqa_metrics
-from foundation_tasks.vqa.model import POOLS, VQAHead
+from foundation_tasks.vqa.model import VQAHead
 
 OUT_OF_VOCAB = ("error", "skip")
 

@@ -195,6 +195,8 @@ def test_finetune_check_names_field_and_path(demo, tmp_path):
         NLVR2(build(NLVR2Config, {"data_dir": str(demo / "nlvr2"), "eval_split": "test1", **common}), backbone).check()
     with pytest.raises(ConfigError, match="field 'data_dir': directory not found: .*demo NLVR2 to DIR/nlvr2"):
         NLVR2(build(NLVR2Config, {"data_dir": str(tmp_path / "none"), **common}), backbone).check()
+    with pytest.raises(ConfigError, match="field 'pool': must be one of cls, max"):
+        build(NLVR2Config, {"data_dir": str(demo / "nlvr2"), "pool": "mean", **common})
     vqa = build(VQAConfig, {"data_dir": str(demo / "vqa"), "min_answer_count": 1, **common})
     VQA(vqa, backbone).check()
     copy = tmp_path / "vqa"

@@ -110,6 +110,29 @@ def test_max_pool_reads_the_largest_patch_value_and_ignores_the_text():
         VQAHead(_FakeEmbed(), 8, 3, pool="mean")
 
 
+def test_nlvr2_max_pool_reads_each_images_patches_beside_the_texts_first_token():
+    """NLVR2's ``pool: max`` (for a start trained with VQA's ``pool: max``): each image-text pair
+    gives the max over that image's patch tokens and the text's first token; the class token
+    plays no part. The default reads the class token, as BEiT-3."""
+    from foundation_tasks.nlvr2.model import NLVR2Head
+
+    torch.manual_seed(0)
+    head = NLVR2Head(_FakeEmbed(), 8, pool="max", init_scale=1.0)
+    x = torch.randn(4, 5 + 3, 8)  # (left pairs; right pairs) x (class token + 4 patches, 3 text tokens)
+    batch = {"text_ids": torch.zeros(2, 3, dtype=torch.long), "text_padding_mask": torch.zeros(2, 3, dtype=torch.bool),
+             "left": torch.zeros(2, 1), "right": torch.zeros(2, 1)}
+    logits = head.logits(_Backbone(x, {}), batch)
+    pair = torch.cat([x[:, 1:5].amax(1), x[:, 5]], -1)
+    assert torch.allclose(logits, head.head(torch.cat([pair[:2], pair[2:]], -1)))
+    other = x.clone()
+    other[:, 0] = 3 * torch.randn(4, 8)
+    assert torch.equal(head.logits(_Backbone(other, {}), batch), logits)
+    cls = NLVR2Head(_FakeEmbed(), 8, init_scale=1.0)
+    assert not torch.allclose(cls.logits(_Backbone(other, {}), batch), cls.logits(_Backbone(x, {}), batch))
+    with pytest.raises(ValueError, match="pool"):
+        NLVR2Head(_FakeEmbed(), 8, pool="mean")
+
+
 class _FakeEmbed(torch.nn.Module):
     num_vision_tokens = 5
 
