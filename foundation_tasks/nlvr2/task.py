@@ -8,12 +8,11 @@ from typing import Optional
 
 import torch
 
-from foundation.config import ConfigError
 from foundation.engine.task import SharedModules, register_task
 from foundation_tasks.nlvr2.data import NLVR2Dataset, collate, read_split
 from foundation_tasks.nlvr2.metrics import nlvr2_metrics, nlvr2_sums
 from foundation_tasks.nlvr2.model import NLVR2Head
-from foundation_tasks.vl_common.beit3 import POOLS
+from foundation_tasks.vl_common.beit3 import check_pool
 from foundation_tasks.vl_common.task import VLConfig, VLTask
 
 
@@ -34,8 +33,7 @@ class NLVR2Config(VLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.pool not in POOLS:
-            raise ConfigError(f"field 'pool': must be one of {', '.join(POOLS)} (got {self.pool!r})")
+        check_pool(self.pool)
 
     @property
     def images(self) -> Optional[str]:

@@ -154,6 +154,12 @@ def encode(embed: BEiT3Embedding, backbone: nn.Module, return_layers=None, **inp
 POOLS = ("cls", "max")
 
 
+def check_pool(pool: str) -> None:
+    """The VL task configs' ``pool`` field: one line naming it and what it takes."""
+    if pool not in POOLS:
+        raise ConfigError(f"field 'pool': must be one of {', '.join(POOLS)} (got {pool!r})")
+
+
 def image_summary(x: torch.Tensor, pool: str, num_vision_tokens: int) -> torch.Tensor:
     """(B, N, dim) -> (B, 1, dim): what a VL head reads of the image in ``encode``'s output
     (the image first: its class token, then its patches, then the text). ``cls``: the class

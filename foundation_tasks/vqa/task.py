@@ -12,7 +12,7 @@ import torch
 from foundation.config import ConfigError
 from foundation.engine.data import labelled_fraction
 from foundation.engine.task import SharedModules, register_task
-from foundation_tasks.vl_common.beit3 import POOLS
+from foundation_tasks.vl_common.beit3 import check_pool
 from foundation_tasks.vl_common.objects import Objects, read_objects
 from foundation_tasks.vl_common.task import VLConfig, VLTask
 from foundation_tasks.vqa.data import (ANNOTATIONS, IMAGES, QUESTIONS, ObjectLabels, Questions, VQADataset, answer_counts,
@@ -67,8 +67,7 @@ class VQAConfig(VLConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.pool not in POOLS:
-            raise ConfigError(f"field 'pool': must be one of {', '.join(POOLS)} (got {self.pool!r})")
+        check_pool(self.pool)
         if self.out_of_vocab not in OUT_OF_VOCAB:
             raise ConfigError(f"field 'out_of_vocab': must be error or skip (got {self.out_of_vocab!r})")
         if self.min_answer_count < 1:
