@@ -14,7 +14,8 @@ A task takes part through its recipe (``foundation_tasks/<task>/recipe.py``: ``l
 * ``tokens``: the BEiT path with a teacher trained here: ``configs/vision/tiny_tokenizer.yaml``
   distilling the Magneto ``pixels`` run (``teacher: run``; one tokenizer for both norms), then
   MIM predicting its codes with the pixel recipe's masking (``tiny_mim_pixels.yaml``,
-  ``target: tokens``);
+  ``target: tokens``); ``--teacher-steps`` gives the teacher a length of its own (its own run,
+  ``pretrain/teacher-<steps>``), for a token MIM longer than the teacher it distils;
 * ``best_rq``: ``configs/best_rq/tiny.yaml`` on the speech corpus's audio, for ASR;
 * ``vl``: ``configs/vl/tiny_pretrain.yaml`` (BEiT-3: masked text, images, image-caption pairs),
   for VQA.
@@ -85,6 +86,15 @@ COLORS = {"scratch": "tab:gray", "pixels": "tab:blue", "scenes": "tab:cyan", "to
           "vl": "tab:orange"}
 
 
+def config_steps(config: str) -> int:
+    """``train.steps`` of a config file of the checkout."""
+    import yaml
+
+    from foundation.engine.config import find_config
+
+    return int(yaml.safe_load(find_config(config).read_text())["train"]["steps"])
+
+
 def label_recipes() -> list[Recipe]:
     from studies.recipes import recipes
 
@@ -148,24 +158,30 @@ class Study:
             return False
         return True
 
-    def pretrain(self, norm: str, init: str) -> Optional[Path]:
-        """The pretraining run of ``init`` under ``norm`` (trained once): its weights."""
+    def pretrain(self, norm: str, init: str, steps: Optional[int] = None, name: Optional[str] = None) -> Optional[Path]:
+        """The pretraining run of ``init`` under ``norm`` (trained once): its weights. ``steps`` and
+        ``name`` (the run's folder) for a run of another length than ``--pretrain-steps``."""
         p, pre = PRETRAININGS[init], self.out / "pretrain"
         data = [o.format(root=self.root(p.data)) for o in p.overrides]
-        steps = [f"train.steps={self.a.pretrain_steps}"] if self.a.pretrain_steps else []
+        steps = steps or self.a.pretrain_steps
+        steps = [f"train.steps={steps}"] if steps else []
         extra: list[str] = []
         if init == "tokens":
-            teacher = self.pretrain(TEACHER_NORM, "pixels")
+            teacher_steps = self.a.teacher_steps
+            if teacher_steps in (None, self.a.pretrain_steps or config_steps(PRETRAININGS["pixels"].config)):
+                teacher, tokenizer = self.pretrain(TEACHER_NORM, "pixels"), pre / "tokenizer"  # the pixels run
+            else:  # a teacher of its own length, and the tokenizer that distils it
+                teacher = self.pretrain(TEACHER_NORM, "pixels", steps=teacher_steps, name=f"teacher-{teacher_steps}")
+                tokenizer = pre / f"tokenizer-teacher-{teacher_steps}"
             if teacher is None:
                 return None
-            tokenizer = pre / "tokenizer"  # one for both norms
             tok_steps = min(TOKENIZER_STEPS, self.a.pretrain_steps or TOKENIZER_STEPS)
             if not self.train(TOKENIZER, tokenizer, [f"tasks.0.data_dir={self.root(p.data)}", f"train.steps={tok_steps}",
                                                      "tasks.0.teacher=run",
                                                      f"tasks.0.teacher_run={teacher}", *self.a.pretrain]):
                 return None
             extra = [f"tasks.0.tokenizer={tokenizer / 'best' / 'model.safetensors'}"]
-        run = pre / f"{init}-{norm}"
+        run = pre / (name or f"{init}-{norm}")
         if not self.train(p.config, run, [*data, f"backbone.norm={norm}", *steps, *extra, *self.a.pretrain]):
             return None
         return run / "best" / "model.safetensors"
@@ -283,6 +299,8 @@ examples:
   foundation compare labels --tasks classification --seeds 0,1 --jobs 2
   foundation compare labels --tasks asr,vqa --seeds 0,1 --budgets 0.1,all
   foundation compare labels --tasks classification --inits pixels --norms magneto --budgets 10,100,all
+  foundation compare labels --tasks classification --inits tokens --budgets 10 --seeds 0,1,2 --steps 500 \
+      --pretrain-steps 12000 --teacher-steps 6000          # the BEiT path as the README measures it
 """
 
 
@@ -305,6 +323,8 @@ def main(argv: Sequence[str]) -> int:
                    f"{', '.join(PRETRAININGS)} (scratch always runs). Default: each task's own")
     p.add_argument("--steps", type=int, default=None, help="fine-tuning steps in every cell (default: the task's)")
     p.add_argument("--pretrain-steps", type=int, default=None, help="default: the pretraining configs' own")
+    p.add_argument("--teacher-steps", type=int, default=None, help="the tokens path's pixel-MIM teacher, when it "
+                   "should not be the pixels pretraining (default: the pixels run, --pretrain-steps long)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     p.add_argument("--pretrain", nargs="*", default=[], metavar="key=value", help="overrides of the pretraining runs")
     p.add_argument("--finetune", nargs="*", default=[], metavar="key=value", help="overrides of the fine-tuning runs")
@@ -319,6 +339,10 @@ def main(argv: Sequence[str]) -> int:
         if unknown or not names:
             raise ValueError(f"--tasks: unknown {', '.join(unknown)}; known: {', '.join(recipes)}")
         norms = parse_norms(a.norms)
+        for flag, value in (("--steps", a.steps), ("--pretrain-steps", a.pretrain_steps),
+                            ("--teacher-steps", a.teacher_steps)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{flag}: must be a positive number of steps (got {value})")
         seeds = parse_ints(a.seeds, "--seeds", "0,1")[:1 if a.quick else None]
         wanted = None if a.inits is None else [i.strip() for i in a.inits.split(",") if i.strip()]
         bad = [i for i in wanted or [] if i not in PRETRAININGS and i != "scratch"]
