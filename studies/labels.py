@@ -169,7 +169,7 @@ class Study:
         if init == "tokens":
             teacher_steps = self.a.teacher_steps
             if teacher_steps in (None, self.a.pretrain_steps or config_steps(PRETRAININGS["pixels"].config)):
-                teacher, tokenizer = self.pretrain(TEACHER_NORM, "pixels"), pre / "tokenizer"  # the pixels run
+                teacher, tokenizer = self.pretrain(TEACHER_NORM, "pixels"), pre / "tokenizer"  # both norms share it
             else:  # a teacher of its own length, and the tokenizer that distils it
                 teacher = self.pretrain(TEACHER_NORM, "pixels", steps=teacher_steps, name=f"teacher-{teacher_steps}")
                 tokenizer = pre / f"tokenizer-teacher-{teacher_steps}"
@@ -299,7 +299,7 @@ examples:
   foundation compare labels --tasks classification --seeds 0,1 --jobs 2
   foundation compare labels --tasks asr,vqa --seeds 0,1 --budgets 0.1,all
   foundation compare labels --tasks classification --inits pixels --norms magneto --budgets 10,100,all
-  foundation compare labels --tasks classification --inits tokens --budgets 10 --seeds 0,1,2 --steps 500 \
+  foundation compare labels --tasks classification --inits tokens --budgets 10 --seeds 0,1,2 \
       --pretrain-steps 12000 --teacher-steps 6000          # the BEiT path as the README measures it
 """
 
