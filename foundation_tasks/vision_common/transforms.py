@@ -14,7 +14,7 @@ import torch
 from PIL import Image, ImageOps
 from timm.data import auto_augment
 from timm.data import create_transform
-from timm.data.transforms import MaybeToTensor
+from timm.data.transforms import MaybeToTensor, RandomResizedCropAndInterpolation
 from torchvision import transforms as T
 from timm.data.constants import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -94,14 +94,52 @@ def _fuse_to_tensor(transform: Callable) -> Callable:
     return transform
 
 
+class WholeImageCrop:
+    """timm's RandomResizedCrop at area scale (1, 1) with the ops after it drawing nothing from
+    Python's RNG: on a square image already of the output size the crop is the whole image
+    whatever its draws (an aspect ratio off 1 cannot fit, and the fallback is the whole image)
+    and the resize returns a copy, so this returns the copy without the ten attempts' draws
+    (~100 us of a 32-px image's ~300). The draws it skips are Python's global RNG's, reseeded
+    for every item (``foundation.engine.data.seeded``) and read by nothing after it; any other
+    image goes through the crop."""
+
+    def __init__(self, crop: RandomResizedCropAndInterpolation):
+        self.crop = crop
+
+    def __call__(self, img):
+        if isinstance(img, Image.Image) and img.size == self.crop.size[::-1] and img.width == img.height:
+            return img.copy()
+        return self.crop(img)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.crop!r})"
+
+
+# ops after the crop that draw nothing from Python's RNG (the flip draws torch's)
+_NO_PYTHON_DRAWS = (T.RandomHorizontalFlip, MaybeToTensor, T.Normalize, ToNormalizedTensor)
+
+
+def _whole_image_crop(transform: Callable) -> Callable:
+    """``transform`` with a RandomResizedCrop of area scale (1, 1) wrapped in ``WholeImageCrop``
+    where that changes no output: nothing after it reads Python's RNG."""
+    ops = getattr(transform, "transforms", None)
+    if not ops or type(ops[0]) is not RandomResizedCropAndInterpolation:
+        return transform
+    crop = ops[0]
+    if (tuple(crop.scale) == (1.0, 1.0) and not isinstance(crop.interpolation, (tuple, list))
+            and all(type(op) in _NO_PYTHON_DRAWS for op in ops[1:])):
+        ops[0] = WholeImageCrop(crop)
+    return transform
+
+
 def build_transform(cfg: TransformConfig, train: bool) -> Callable:
     """timm's ImageNet transform: RandomResizedCrop + flip + RandAugment + normalise + random
     erasing for training; resize + centre crop + normalise for evaluation."""
     if train:
-        return _fuse_to_tensor(_fix_posterize(create_transform(
+        return _whole_image_crop(_fuse_to_tensor(_fix_posterize(create_transform(
             cfg.img_size, is_training=True, auto_augment=cfg.auto_augment, color_jitter=cfg.color_jitter or None,
             re_prob=cfg.re_prob, re_mode=cfg.re_mode, re_count=cfg.re_count, scale=tuple(cfg.scale),
-            hflip=cfg.hflip, interpolation=cfg.interpolation, mean=MEAN, std=STD)))
+            hflip=cfg.hflip, interpolation=cfg.interpolation, mean=MEAN, std=STD))))
     return _fuse_to_tensor(create_transform(cfg.img_size, is_training=False, interpolation=cfg.interpolation,
                                             crop_pct=cfg.crop_pct, mean=MEAN, std=STD))
 
@@ -110,9 +148,9 @@ def pretrain_transform(img_size: int, scale: Sequence[float] = (0.08, 1.0), colo
                        hflip: float = 0.5, interpolation: str = "bicubic") -> Callable:
     """BEiT's pretraining augmentation (Magneto Table 13): random resized crop, colour
     jitter 0.4, horizontal flip; no RandAugment, no erasing."""
-    return _fuse_to_tensor(create_transform(
+    return _whole_image_crop(_fuse_to_tensor(create_transform(
         img_size, is_training=True, auto_augment=None, color_jitter=color_jitter or None, re_prob=0.0,
-        scale=tuple(scale), hflip=hflip, interpolation=interpolation, mean=MEAN, std=STD))
+        scale=tuple(scale), hflip=hflip, interpolation=interpolation, mean=MEAN, std=STD)))
 
 
 def uncropped_eval_transform(img_size: int, interpolation: str = "bicubic") -> Callable:

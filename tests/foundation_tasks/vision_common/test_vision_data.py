@@ -252,3 +252,39 @@ def test_fused_to_tensor_matches_timm_bit_for_bit():
     tensor = torch.rand(3, 16, 16)  # not an RGB image: the pair itself
     op = next(t for t in pairs[1][0].transforms if isinstance(t, ToNormalizedTensor))
     assert torch.equal(op(tensor), op.normalize(op.to_tensor(tensor)))
+
+
+def test_whole_image_crop_matches_timm_bit_for_bit():
+    """At area scale (1, 1), flips only (the demo's recipe), the crop is skipped on images already square at the
+    output size and the items are timm's own, bit for bit; with anything after it that draws from Python's RNG
+    (RandAugment) it stays timm's crop, whose draws that op's then follow."""
+    from timm.data import create_transform
+
+    from foundation_tasks.vision_common.transforms import MEAN, STD, WholeImageCrop, pretrain_transform
+
+    flips = TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.0)
+    pairs = [(build_transform(flips, train=True),
+              create_transform(16, is_training=True, auto_augment=None, color_jitter=None, re_prob=0.0,
+                               scale=(1.0, 1.0), interpolation="bicubic", mean=MEAN, std=STD)),
+             (pretrain_transform(16, scale=(1.0, 1.0), color_jitter=0.0),
+              create_transform(16, is_training=True, color_jitter=None, re_prob=0.0, scale=(1.0, 1.0),
+                               interpolation="bicubic", mean=MEAN, std=STD))]
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((16, 16), (20, 24),
+                                                                                             (24, 24))]
+    for ours, timm_own in pairs:
+        assert isinstance(ours.transforms[0], WholeImageCrop)
+        for im in images:
+            for s in range(30):
+                with seeded(s):
+                    a = ours(im)
+                with seeded(s):
+                    b = timm_own(im)
+                assert torch.equal(a, b)
+    # the image itself is never handed on: a cached image stays untouched by what follows
+    crop = pairs[0][0].transforms[0]
+    assert crop(images[0]) is not images[0] and crop(images[0]).tobytes() == images[0].tobytes()
+    for cfg in (TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment="rand-m9-mstd0.5-inc1"),
+                TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, re_prob=0.25),
+                TransformConfig(img_size=16, scale=[0.5, 1.0], auto_augment=None, re_prob=0.0)):
+        assert not isinstance(build_transform(cfg, train=True).transforms[0], WholeImageCrop), cfg
