@@ -222,6 +222,22 @@ def test_a_batch_fetched_at_once_is_the_items_fetched_one_by_one(demo_root):
     assert not torch.equal(a[3][0], a[4][0])  # the same index twice: two draws, two augmentations
 
 
+def random_images(*sizes: tuple[int, int]) -> list[Image.Image]:
+    rng = np.random.default_rng(0)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
+
+
+def assert_same_items(ours, reference, images, seeds: int) -> None:
+    """Under each item seed, ``ours`` gives ``reference``'s tensor bit for bit."""
+    for im in images:
+        for s in range(seeds):
+            with seeded(s):
+                a = ours(im)
+            with seeded(s):
+                b = reference(im)
+            assert a.dtype == b.dtype and a.is_contiguous() and torch.equal(a, b), (im.size, s)
+
+
 def test_fused_to_tensor_matches_timm_bit_for_bit():
     """The fused MaybeToTensor + Normalize gives timm's own transforms' tensors exactly."""
     from timm.data import create_transform
@@ -238,17 +254,9 @@ def test_fused_to_tensor_matches_timm_bit_for_bit():
               create_transform(16, is_training=False, interpolation="bicubic", crop_pct=0.875, mean=MEAN, std=STD)),
              (pretrain_transform(16), create_transform(16, is_training=True, color_jitter=0.4, re_prob=0.0,
                                                        interpolation="bicubic", mean=MEAN, std=STD))]
-    rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((20, 24), (16, 16))]
     for fused, timm_own in pairs:
         assert sum(isinstance(t, ToNormalizedTensor) for t in fused.transforms) == 1
-        for im in images:
-            for s in range(20):
-                with seeded(s):
-                    a = fused(im)
-                with seeded(s):
-                    b = timm_own(im)
-                assert a.dtype == b.dtype and a.is_contiguous() and torch.equal(a, b)
+        assert_same_items(fused, timm_own, random_images((20, 24), (16, 16)), seeds=20)
     tensor = torch.rand(3, 16, 16)  # not an RGB image: the pair itself
     op = next(t for t in pairs[1][0].transforms if isinstance(t, ToNormalizedTensor))
     assert torch.equal(op(tensor), op.normalize(op.to_tensor(tensor)))
@@ -269,18 +277,10 @@ def test_whole_image_crop_matches_timm_bit_for_bit():
              (pretrain_transform(16, scale=(1.0, 1.0), color_jitter=0.0),
               create_transform(16, is_training=True, color_jitter=None, re_prob=0.0, scale=(1.0, 1.0),
                                interpolation="bicubic", mean=MEAN, std=STD))]
-    rng = np.random.default_rng(0)
-    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in ((16, 16), (20, 24),
-                                                                                             (24, 24))]
+    images = random_images((16, 16), (20, 24), (24, 24))
     for ours, timm_own in pairs:
         assert isinstance(ours.transforms[0], WholeImageCrop)
-        for im in images:
-            for s in range(30):
-                with seeded(s):
-                    a = ours(im)
-                with seeded(s):
-                    b = timm_own(im)
-                assert torch.equal(a, b)
+        assert_same_items(ours, timm_own, images, seeds=30)
     # the image itself is never handed on: a cached image stays untouched by what follows
     crop = pairs[0][0].transforms[0]
     assert crop(images[0]) is not images[0] and crop(images[0]).tobytes() == images[0].tobytes()
