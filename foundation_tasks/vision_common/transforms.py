@@ -126,7 +126,9 @@ def _whole_image_crop(transform: Callable) -> Callable:
     if not ops or type(ops[0]) is not RandomResizedCropAndInterpolation:
         return transform
     crop = ops[0]
-    if (tuple(crop.scale) == (1.0, 1.0) and not isinstance(crop.interpolation, (tuple, list))
+    # the aspect ratio range must hold 1: otherwise the fallback crops a square image narrower
+    if (tuple(crop.scale) == (1.0, 1.0) and crop.ratio[0] <= 1.0 <= crop.ratio[1]
+            and not isinstance(crop.interpolation, (tuple, list))
             and all(type(op) in _NO_PYTHON_DRAWS for op in ops[1:])):
         ops[0] = WholeImageCrop(crop)
     return transform

@@ -268,7 +268,8 @@ def test_whole_image_crop_matches_timm_bit_for_bit():
     (RandAugment) it stays timm's crop, whose draws that op's then follow."""
     from timm.data import create_transform
 
-    from foundation_tasks.vision_common.transforms import MEAN, STD, WholeImageCrop, pretrain_transform
+    from foundation_tasks.vision_common.transforms import (MEAN, STD, WholeImageCrop, _whole_image_crop,
+                                                           pretrain_transform)
 
     flips = TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.0)
     pairs = [(build_transform(flips, train=True),
@@ -288,3 +289,7 @@ def test_whole_image_crop_matches_timm_bit_for_bit():
                 TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, re_prob=0.25),
                 TransformConfig(img_size=16, scale=[0.5, 1.0], auto_augment=None, re_prob=0.0)):
         assert not isinstance(build_transform(cfg, train=True).transforms[0], WholeImageCrop), cfg
+    # an aspect ratio range without 1 crops a square image narrower: timm's crop stays
+    narrow = create_transform(16, is_training=True, auto_augment=None, color_jitter=None, re_prob=0.0,
+                              scale=(1.0, 1.0), ratio=(1.2, 1.5), interpolation="bicubic", mean=MEAN, std=STD)
+    assert not isinstance(_whole_image_crop(narrow).transforms[0], WholeImageCrop)
