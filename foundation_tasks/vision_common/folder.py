@@ -21,10 +21,11 @@ palette, CMYK, with alpha ...: see ``foundation_tasks.vision_common.images``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from PIL import Image
@@ -33,6 +34,7 @@ from torch.utils.data import Dataset
 from foundation.config import ConfigError
 from foundation.engine.data import item_seed, seeded
 from foundation_tasks.vision_common.images import DecodedImages, ImageDataError, load_image
+from foundation_tasks.vision_common.transforms import flip_of_tensor
 
 # what timm and torchvision read; ImageNet's own files are .JPEG
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -123,6 +125,10 @@ class ImageFolderDataset(Dataset):
         self.transform, self.min_image_size = transform, min_image_size
         self.random_transform = random_transform  # seed it per item (training augmentation)
         self.expected_shape = tuple(expected_shape) if expected_shape is not None else None
+        # kept images whose items are a flip of their bytes (transforms.FlipOfTensor) keep those bytes instead:
+        # path -> uint8 CHW tensor, or None for an image that goes through the transform
+        self.split_flip = flip_of_tensor(transform) if cache_images else None
+        self.kept_bytes: dict[str, Optional[torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.samples)
@@ -133,10 +139,14 @@ class ImageFolderDataset(Dataset):
 
     def sample(self, i: int) -> tuple[torch.Tensor, int, int | None]:
         """(transformed image, label, the item's augmentation seed or None)."""
-        image, label = self.load(i)
+        kept = self.kept_tensor(i)
+        image, label = (None, self.samples[i][1]) if kept is not None else self.load(i)
         seed = item_seed(i) if self.random_transform else None
         try:
-            if seed is None:
+            if kept is not None:
+                with seeded(seed) if seed is not None else contextlib.nullcontext():
+                    x = self.split_flip.flip(kept)
+            elif seed is None:
                 x = self.transform(image)
             else:
                 with seeded(seed):
@@ -145,6 +155,19 @@ class ImageFolderDataset(Dataset):
             raise ImageDataError(f"{self.samples[i][0]}: the transform failed ({type(e).__name__}: {e})") from e
         check_tensor(x, self.samples[i][0], self.expected_shape)
         return x, label, seed
+
+    def kept_tensor(self, i: int) -> Optional[torch.Tensor]:
+        """Image ``i``'s bytes (uint8 CHW) where ``split_flip`` applies to it (read once, then kept
+        in place of the image), else None."""
+        if self.split_flip is None:
+            return None
+        key = str(self.samples[i][0])
+        if key not in self.kept_bytes:
+            image, _ = self.load(i)
+            self.kept_bytes[key] = self.split_flip.chw(image) if self.split_flip.applies(image) else None
+            if self.kept_bytes[key] is not None:
+                self.decoded.images.pop(key, None)  # the tensor stands in for the image
+        return self.kept_bytes[key]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         x, label, _ = self.sample(i)

@@ -73,9 +73,16 @@ class ToNormalizedTensor:
     def __call__(self, pic):
         if not isinstance(pic, Image.Image) or pic.mode != "RGB":
             return self.normalize(self.to_tensor(pic))
-        # HWC bytes -> contiguous CHW float32 in one copy, then the pair's arithmetic in place
-        x = torch.from_numpy(np.array(pic, np.uint8)).permute(2, 0, 1)
-        x = x.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
+        return self.normalized(self.chw_bytes(pic))
+
+    @staticmethod
+    def chw_bytes(pic: Image.Image) -> torch.Tensor:
+        """An RGB image's bytes as a uint8 CHW tensor (a view of one HWC copy)."""
+        return torch.from_numpy(np.array(pic, np.uint8)).permute(2, 0, 1)
+
+    def normalized(self, chw: torch.Tensor) -> torch.Tensor:
+        """uint8 CHW -> contiguous float32 in one copy, then the pair's arithmetic in place."""
+        x = chw.to(torch.float32, memory_format=torch.contiguous_format).div_(255)
         return x.sub_(self.mean).div_(self.std)
 
     def __repr__(self) -> str:
@@ -132,6 +139,46 @@ def _whole_image_crop(transform: Callable) -> Callable:
             and all(type(op) in _NO_PYTHON_DRAWS for op in ops[1:])):
         ops[0] = WholeImageCrop(crop)
     return transform
+
+
+class FlipOfTensor:
+    """A transform of a whole-image crop, an optional horizontal flip and the normalising
+    ``ToNormalizedTensor``, split at the flip: on an image already square at the output size its
+    items are ``flip(chw(image))`` bit for bit, the flip drawn as torchvision's
+    ``RandomHorizontalFlip`` draws it (``torch.rand(1) < p``) and applied to the image's bytes
+    before they are normalised, each pixel as before. ``chw(image)`` depends on the image alone,
+    so a data set that keeps its decoded images (``cache_images``) keeps those bytes instead, the
+    same memory, and pays per item only the flip and the arithmetic, as the plain loop of
+    ``benchmarks/reference_vision.py`` flips a stored batch: the per-image PIL flip and byte
+    conversion are ~60 % of the tiny vision recipe's data time."""
+
+    def __init__(self, size: tuple[int, int], flip_p: Optional[float], to_tensor: ToNormalizedTensor):
+        self.size, self.flip_p, self.to_tensor = size, flip_p, to_tensor
+
+    def applies(self, img) -> bool:
+        """Whether ``img``'s items are ``flip(chw(img))`` (what ``WholeImageCrop`` passes whole)."""
+        return isinstance(img, Image.Image) and img.mode == "RGB" and img.size == self.size[::-1] \
+            and img.width == img.height
+
+    def chw(self, img: Image.Image) -> torch.Tensor:
+        return self.to_tensor.chw_bytes(img).contiguous()
+
+    def flip(self, chw: torch.Tensor) -> torch.Tensor:
+        """The item: ``chw`` mirrored where the flip's draw says so, normalised (a new tensor)."""
+        if self.flip_p is not None and torch.rand(1) < self.flip_p:
+            chw = chw.flip(-1)
+        return self.to_tensor.normalized(chw)
+
+
+def flip_of_tensor(transform: Callable) -> Optional[FlipOfTensor]:
+    """``transform``'s ``FlipOfTensor`` when it is exactly [WholeImageCrop, (RandomHorizontalFlip),
+    ToNormalizedTensor]; None for any other."""
+    ops = list(getattr(transform, "transforms", None) or ())
+    if len(ops) not in (2, 3) or type(ops[0]) is not WholeImageCrop or type(ops[-1]) is not ToNormalizedTensor:
+        return None
+    if len(ops) == 3 and type(ops[1]) is not T.RandomHorizontalFlip:
+        return None
+    return FlipOfTensor(tuple(ops[0].crop.size), ops[1].p if len(ops) == 3 else None, ops[-1])
 
 
 def build_transform(cfg: TransformConfig, train: bool) -> Callable:

@@ -293,3 +293,46 @@ def test_whole_image_crop_matches_timm_bit_for_bit():
     narrow = create_transform(16, is_training=True, auto_augment=None, color_jitter=None, re_prob=0.0,
                               scale=(1.0, 1.0), ratio=(1.2, 1.5), interpolation="bicubic", mean=MEAN, std=STD)
     assert not isinstance(_whole_image_crop(narrow).transforms[0], WholeImageCrop)
+
+
+def test_kept_bytes_give_timms_items_bit_for_bit(demo_root, tmp_path):
+    """With ``cache_images`` and flips only, a square image at the output size is kept as its bytes and
+    each item is their flip, normalised: the items of timm's own transform bit for bit, epoch after epoch,
+    with the global RNGs where timm's leave them; another image (not square) goes through the transform."""
+    from timm.data import create_transform
+
+    from foundation.engine.data import BatchFetch
+    from foundation_tasks.vision_common.transforms import MEAN, STD, flip_of_tensor
+
+    root = copy_tree(demo_root, tmp_path / "mixed")
+    odd = sorted((root / "train").rglob("*.JPEG"))[1]
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (20, 16, 3), dtype=np.uint8)).save(odd)
+    flips = TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.0)
+    ours = ImageFolderDataset(root, "train", build_transform(flips, train=True), random_transform=True,
+                              cache_images=True)
+    timm_own = ImageFolderDataset(root, "train", create_transform(
+        16, is_training=True, auto_augment=None, color_jitter=None, re_prob=0.0, scale=(1.0, 1.0),
+        interpolation="bicubic", mean=MEAN, std=STD), random_transform=True)
+    assert ours.split_flip is not None and timm_own.split_flip is None
+    indices = list(range(len(ours))) * 3  # the first read keeps the bytes, the next ones use them
+
+    def fetch(ds):
+        torch.manual_seed(5)
+        items = BatchFetch(ds).__getitems__(indices)
+        return items, torch.rand(2)
+
+    (a, after_a), (b, after_b) = fetch(ours), fetch(timm_own)
+    assert all(x.is_contiguous() and torch.equal(x, y) and la == lb for (x, la), (y, lb) in zip(a, b))
+    assert torch.equal(after_a, after_b)
+    n = len(ours)  # the same image in three epochs: flipped in some, not in others
+    assert any(not torch.equal(a[i][0], a[i + n][0]) or not torch.equal(a[i][0], a[i + 2 * n][0]) for i in range(n))
+    kept = {Path(k).name: v for k, v in ours.kept_bytes.items()}
+    assert kept[odd.name] is None and sum(v is not None for v in kept.values()) == len(ours) - 1
+    assert all(v.dtype == torch.uint8 for v in kept.values() if v is not None)
+    assert list(ours.decoded.images) == [str(odd)]  # the kept bytes stand in for the other images
+    for cfg in (TransformConfig(img_size=16, scale=[0.5, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.0),
+                TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.25)):
+        assert flip_of_tensor(build_transform(cfg, train=True)) is None, cfg
+    no_flip = TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.0,
+                              hflip=0.0)
+    assert flip_of_tensor(build_transform(no_flip, train=True)).flip_p is None
