@@ -9,7 +9,10 @@ size, batch and data, side by side in one process (one thread), with where our s
 Vision: ``configs/vision/tiny_finetune.yaml`` from scratch through ``foundation train`` (the
 engine, our image folder, timm's per-image transforms, the loop's logging) against the plain
 timm ViT loop of ``benchmarks/reference_vision.py`` (the same width, depth, heads, patch and
-batch; the split held as one tensor, flips on the batch). Speech: ``configs/asr/tiny.yaml``
+batch; the split held as one tensor, flips on the batch): Pre-LN against timm's ViT as it comes,
+Magneto against the same ViT with timm's Sub-LN (``scale_attn_norm``, ``scale_mlp_norm``: the
+LayerNorms Magneto adds before the attention's output projection and the FFN's second layer,
+the architecture ``studies.bench`` holds ours against). Speech: ``configs/asr/tiny.yaml``
 (the transducer from step 1, ``rnnt_start=0``) against the plain PyTorch transducer of
 ``benchmarks/asr_reference.py`` on the same length buckets (our data set and collate, the
 same features) with the recipe's VGG front end (``--frontend vgg``): the same sizes, but
@@ -109,16 +112,25 @@ def breakdown(config: str, overrides: list[str], repeats: int = 20) -> dict[str,
 # --------------------------------------------------------------------------- plain loops
 
 
-def plain_vision(data: Path, steps: int, warmup: int, batch_size: int = 64, seed: int = 0) -> float:
-    """reference_vision.py's loop, timed: timm ViT, AdamW, flips on the batch."""
+def plain_vit(num_classes: int, img_size: int, sub_ln: bool = False) -> torch.nn.Module:
+    """reference_vision.py's timm ViT of the tiny recipe's size; ``sub_ln``: timm's Sub-LN blocks
+    (a LayerNorm before the attention's output projection and before the FFN's second layer)."""
     import timm
+
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=img_size, patch_size=4, embed_dim=64,
+                             depth=4, num_heads=2, mlp_ratio=4.0, num_classes=num_classes, global_pool="avg",
+                             scale_attn_norm=sub_ln, scale_mlp_norm=sub_ln)
+
+
+def plain_vision(data: Path, steps: int, warmup: int, batch_size: int = 64, seed: int = 0,
+                 sub_ln: bool = False) -> float:
+    """reference_vision.py's loop, timed: timm ViT (with ``sub_ln``, timm's Sub-LN blocks), AdamW,
+    flips on the batch."""
     from reference_vision import load_split
 
     x_train, y_train, classes = load_split(data, "train")
     torch.manual_seed(seed)
-    model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=x_train.shape[-1], patch_size=4,
-                              embed_dim=64, depth=4, num_heads=2, mlp_ratio=4.0, num_classes=len(classes),
-                              global_pool="avg")
+    model = plain_vit(len(classes), x_train.shape[-1], sub_ln)
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3, weight_decay=0.05)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=2e-3, total_steps=steps)
     gen = torch.Generator().manual_seed(seed)
@@ -211,26 +223,39 @@ def main(argv: list[str] | None = None) -> int:
                 config = "configs/vision/tiny_finetune.yaml"
                 fields = ["init_from=null", f"tasks.classification.data_dir={a.vision_data}",
                           f"train.batch_size={a.batch_size}"]
-                plain = lambda: plain_vision(a.vision_data, a.steps, a.warmup, a.batch_size)  # noqa: E731
-                plain_name = "timm ViT, plain AdamW loop"
+
+                def plain(norm: str) -> float:
+                    return plain_vision(a.vision_data, a.steps, a.warmup, a.batch_size, sub_ln=norm == "magneto")
+
+                def plain_name(norm: str) -> str:
+                    return f"timm ViT{', Sub-LN' if norm == 'magneto' else ''}, plain AdamW loop"
             elif task == "speech":
                 config = "configs/asr/tiny.yaml"
                 fields = [f"tasks.asr.data_dir={a.speech_data}", "tasks.asr.rnnt_start=0"]
-                plain = lambda: plain_speech(config, a.speech_data, a.steps, a.warmup)  # noqa: E731
-                plain_name = "plain PyTorch transducer loop"
+
+                def plain(norm: str) -> float:  # one loop for both norms: torch's encoder has no Sub-LN
+                    return plain_speech(config, a.speech_data, a.steps, a.warmup)
+
+                def plain_name(norm: str) -> str:
+                    return "plain PyTorch transducer loop"
             else:
                 raise SystemExit(f"step_cost: --tasks: unknown {task!r} (vision, speech)")
+            norms = a.norms.split(",")
+            # each norm's plain loop (its name names it: one loop stands for several where it is the same)
+            plains = {norm: plain_name(norm) for norm in norms}
             times: dict[str, list[float]] = {}
             for r in range(a.rounds):
-                times.setdefault("plain", []).append(plain())
-                for norm in a.norms.split(","):
+                for name in dict.fromkeys(plains.values()):
+                    times.setdefault(name, []).append(plain(next(n for n in norms if plains[n] == name)))
+                for norm in norms:
                     s = ours(config, [*fields, f"backbone.norm={norm}"], out, f"{task}-{norm}", a.steps, a.warmup)
                     times.setdefault(norm, []).append(s)
                 print(f"  {task} round {r + 1}: " + ", ".join(f"{k} {1000 * v[-1]:.0f} ms" for k, v in times.items()),
                       flush=True)
-            base = min(times["plain"])
-            rows.append((task, plain_name, base, None, None))
-            for norm in a.norms.split(","):
+            for norm in norms:
+                base = min(times[plains[norm]])
+                if not any(row[1] == plains[norm] for row in rows if row[0] == task):
+                    rows.append((task, plains[norm], base, None, None))
                 parts = breakdown(config, [*fields, f"backbone.norm={norm}"])
                 rows.append((task, f"ours, {norm}", min(times[norm]), min(times[norm]) / base, parts))
     print("\n| task | loop | CPU ms / step | ours / plain | ours: data alone | ours: fwd + bwd + AdamW alone |")
