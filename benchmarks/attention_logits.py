@@ -1,0 +1,174 @@
+"""Attention-logit growth: does the sharpening of attention announce a divergence?
+
+    python benchmarks/attention_logits.py RUN_DIR [RUN_DIR ...] --out DIR      # e.g. a stability study's runs
+    python benchmarks/attention_logits.py runs/guard-warmup/seq2seq/12L/runs/* --out runs/attn --search
+
+Wortsman et al. 2023 ("Small-scale proxies for large-scale Transformer training instabilities")
+trace one kind of blow-up at high learning rates to the attention logits q.k / sqrt(d) growing
+without bound (what qk-layernorm prevents; Dehghani et al. 2023 saw it in ViT-22B). This
+re-trains each run from its ``config.yaml`` (same seed and data order: the measurement draws
+nothing and changes nothing) and records, per optimizer step, the largest attention logit
+|q.k| / sqrt(head dim) over every attention of that step's training forward (before any
+relative-position bias or mask). The rule judged: the logit's growth rate, ln(L_t / L_{t-span})
+/ span, above ``--rate`` per step; the guard's model update and the loss do not lead a blow-up
+by 20 steps here (``foundation compare guard``, docs/studies.md).
+
+Per run: the study's onset of its divergence (``studies.guard_eval.onset``: the first
+non-finite step or loss spike), the rule's first firing and the lead between them. Summary:
+the share of diverged runs warned at least ``--lead`` steps ahead, and the runs that did not
+diverge in which the rule fired at all. ``--search`` scores a grid of (rate, span) on the same
+series; ``--replay`` judges the series an earlier invocation wrote to OUT (any subset of its runs,
+e.g. for the figure) without re-training. Writes ``OUT/<run>.json`` (the series), ``OUT/attention.md`` and ``OUT/attention.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+RATES, SPANS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4), (2, 4, 8, 16)
+
+
+def measure_run(run_dir: Path, out: Path, overrides: list[str]) -> tuple[list[dict], str]:
+    """Re-train the run at ``run_dir`` under ``out``; one record a step: step, lr, loss and
+    ``logit_max``, the largest |q.k| / sqrt(head dim) of that step's training forward. Returns
+    (records, status)."""
+    import torch
+
+    from foundation import layers
+    from foundation.engine import loop
+    from foundation.engine.config import load_config
+
+    cfg, specs = load_config(run_dir / "config.yaml", [f"output_dir={out}", "log.progress=false", "guard.mode=off",
+                                                        "save.every=0", "eval.every=0", "overwrite=true", *overrides])
+    largest = [0.0]
+    rows: list[dict] = []
+    original_attend, original_step = layers._Heads._attend, loop.Trainer.train_step
+
+    def attend(self, q, k, v, mask, is_causal):
+        if torch.is_grad_enabled():  # the training forward, not an evaluation's
+            with torch.no_grad():
+                logits = q.float() @ k.float().transpose(-1, -2)
+                largest[0] = max(largest[0], logits.abs().max().item() / math.sqrt(q.shape[-1]))
+        return original_attend(self, q, k, v, mask, is_causal)
+
+    def step(trainer):
+        largest[0] = 0.0
+        record = original_step(trainer)
+        rows.append({"step": trainer.step, "lr": record.get("lr"), "loss": record.get("loss"), "logit_max": largest[0]})
+        return record
+
+    layers._Heads._attend, loop.Trainer.train_step = attend, step
+    try:
+        result = loop.train(cfg, specs)
+    finally:
+        layers._Heads._attend, loop.Trainer.train_step = original_attend, original_step
+    return rows, result.status
+
+
+def first_firing(rows: Sequence[dict], rate: float, span: int) -> Optional[int]:
+    """The first step at which the largest logit grew faster than ``rate`` per step (log scale)
+    over the last ``span`` steps; None if it never did."""
+    by_step = {r["step"]: r["logit_max"] for r in rows}
+    for step in sorted(by_step):
+        now, then = by_step[step], by_step.get(step - span)
+        if then and now > 0 and math.isfinite(now) and math.log(now / then) / span > rate:
+            return step
+    return None
+
+
+def score(results: Sequence[tuple[str, list[dict], Optional[int]]], rate: float, span: int, lead: int) -> dict:
+    """Diverged runs warned at least ``lead`` steps ahead; the runs that did not diverge in which it fired."""
+    leads, fired_calm, calm = [], 0, 0
+    for _, rows, at in results:
+        fired = first_firing(rows, rate, span)
+        if at is None:
+            calm += 1
+            fired_calm += fired is not None
+        else:
+            leads.append(at - fired if fired is not None and fired <= at else None)
+    early = sum(x is not None and x >= lead for x in leads)
+    return {"diverged": len(leads), "warned_early": early, "leads": leads, "calm": calm, "fired_calm": fired_calm}
+
+
+def plot(results: Sequence[tuple[str, list[dict], Optional[int]]], rate: float, span: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, rows, at in results:
+        steps = [r["step"] for r in rows if r["logit_max"] > 0]
+        line, = ax.plot(steps, [r["logit_max"] for r in rows if r["logit_max"] > 0], lw=1,
+                        ls="-" if at is not None else "--", label=f"{name}" + (f" (onset {at})" if at else ""))
+        fired = first_firing(rows, rate, span)
+        if fired is not None:
+            ax.plot([fired], [next(r["logit_max"] for r in rows if r["step"] == fired)], "o", color=line.get_color())
+    ax.set(yscale="log", xlabel="step", ylabel="largest attention logit |q.k|/sqrt(d)",
+           title=f"growth above {rate:g}/step over {span} steps: dots")
+    ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories (each with its config.yaml)")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--rate", type=float, default=0.2, help="growth per step (log scale) that fires (default 0.2)")
+    ap.add_argument("--span", type=int, default=4, help="steps the growth is measured over (default 4)")
+    ap.add_argument("--lead", type=int, default=20, help="the warning's lead that counts (default 20)")
+    ap.add_argument("--search", action="store_true", help=f"also score every rate in {RATES} x span in {SPANS}")
+    ap.add_argument("--replay", action="store_true", help="judge the series OUT already holds, without re-training")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every run (repeatable)")
+    args = ap.parse_args(argv)
+    from studies.guard_eval import onset
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    lines = ["| run | status | onset | fired | lead | largest logit at steps 1 / 5 / 10 / 20 / 40 |",
+             "|---|---|---:|---:|---:|---|"]
+    for run in args.runs:
+        if not (run / "config.yaml").is_file():
+            raise SystemExit(f"attention_logits: {run / 'config.yaml'} not found (a run directory is expected)")
+        saved = args.out / f"{run.name}.json"
+        if args.replay:
+            if not saved.is_file():
+                raise SystemExit(f"attention_logits: --replay: {saved} not found (measure the run first)")
+            rows, status = json.loads(saved.read_text()), "replayed"
+        else:
+            rows, status = measure_run(run, args.out, args.overrides)
+            saved.write_text(json.dumps(rows) + "\n")
+        at = onset(args.out / run.name, None)  # the loss's first spike (or non-finite step), whatever the status
+        results.append((run.name, rows, at))
+        fired = first_firing(rows, args.rate, args.span)
+        lead = at - fired if at is not None and fired is not None and fired <= at else None
+        by_step = {r["step"]: r["logit_max"] for r in rows}
+        cells = " / ".join(f"{by_step[s]:.3g}" if s in by_step else "-" for s in (1, 5, 10, 20, 40))
+        lines.append(f"| {run.name} | {status} | {at if at is not None else '-'} | {fired if fired is not None else '-'} "
+                     f"| {lead if lead is not None else '-'} | {cells} |")
+        print(lines[-1], flush=True)
+    settings = list(dict.fromkeys([(args.rate, args.span), *(itertools.product(RATES, SPANS) if args.search else [])]))
+    lines += ["", f"| rate / step | span | diverged runs warned >= {args.lead} steps ahead | runs that did not diverge, "
+                  "fired in |", "|---:|---:|---:|---:|"]
+    for rate, span in settings:
+        s = score(results, rate, span, args.lead)
+        lines.append(f"| {rate:g} | {span} | {s['warned_early']} of {s['diverged']} | {s['fired_calm']} of {s['calm']} |")
+    print("\n".join(lines[-len(settings) - 2:]))
+    (args.out / "attention.md").write_text("\n".join(lines) + "\n")
+    plot(results, args.rate, args.span, args.out / "attention.png")
+    print(f"wrote {args.out / 'attention.md'}, {args.out / 'attention.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
