@@ -34,7 +34,7 @@ from torch.utils.data import Dataset
 from foundation.config import ConfigError
 from foundation.engine.data import item_seed, seeded
 from foundation_tasks.vision_common.images import DecodedImages, ImageDataError, load_image
-from foundation_tasks.vision_common.transforms import flip_of_tensor
+from foundation_tasks.vision_common.transforms import flip_of_bytes
 
 # what timm and torchvision read; ImageNet's own files are .JPEG
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -125,9 +125,9 @@ class ImageFolderDataset(Dataset):
         self.transform, self.min_image_size = transform, min_image_size
         self.random_transform = random_transform  # seed it per item (training augmentation)
         self.expected_shape = tuple(expected_shape) if expected_shape is not None else None
-        # kept images whose items are a flip of their bytes (transforms.FlipOfTensor) keep those bytes instead:
+        # kept images whose items are a flip of their bytes (transforms.FlipOfBytes) keep those bytes instead:
         # path -> uint8 CHW tensor, or None for an image that goes through the transform
-        self.split_flip = flip_of_tensor(transform) if cache_images else None
+        self.split_flip = flip_of_bytes(transform) if cache_images else None
         self.kept_bytes: dict[str, Optional[torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -139,7 +139,7 @@ class ImageFolderDataset(Dataset):
 
     def sample(self, i: int) -> tuple[torch.Tensor, int, int | None]:
         """(transformed image, label, the item's augmentation seed or None)."""
-        kept = self.kept_tensor(i)
+        kept = self.kept_bytes_of(i)
         image, label = (None, self.samples[i][1]) if kept is not None else self.load(i)
         seed = item_seed(i) if self.random_transform else None
         try:
@@ -156,7 +156,7 @@ class ImageFolderDataset(Dataset):
         check_tensor(x, self.samples[i][0], self.expected_shape)
         return x, label, seed
 
-    def kept_tensor(self, i: int) -> Optional[torch.Tensor]:
+    def kept_bytes_of(self, i: int) -> Optional[torch.Tensor]:
         """Image ``i``'s bytes (uint8 CHW) where ``split_flip`` applies to it (read once, then kept
         in place of the image), else None."""
         if self.split_flip is None:

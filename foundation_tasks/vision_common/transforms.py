@@ -141,7 +141,7 @@ def _whole_image_crop(transform: Callable) -> Callable:
     return transform
 
 
-class FlipOfTensor:
+class FlipOfBytes:
     """A transform of a whole-image crop, an optional horizontal flip and the normalising
     ``ToNormalizedTensor``, split at the flip: on an image already square at the output size its
     items are ``flip(chw(image))`` bit for bit, the flip drawn as torchvision's
@@ -170,15 +170,15 @@ class FlipOfTensor:
         return self.to_tensor.normalized(chw)
 
 
-def flip_of_tensor(transform: Callable) -> Optional[FlipOfTensor]:
-    """``transform``'s ``FlipOfTensor`` when it is exactly [WholeImageCrop, (RandomHorizontalFlip),
+def flip_of_bytes(transform: Callable) -> Optional[FlipOfBytes]:
+    """``transform``'s ``FlipOfBytes`` when it is exactly [WholeImageCrop, (RandomHorizontalFlip),
     ToNormalizedTensor]; None for any other."""
     ops = list(getattr(transform, "transforms", None) or ())
     if len(ops) not in (2, 3) or type(ops[0]) is not WholeImageCrop or type(ops[-1]) is not ToNormalizedTensor:
         return None
     if len(ops) == 3 and type(ops[1]) is not T.RandomHorizontalFlip:
         return None
-    return FlipOfTensor(tuple(ops[0].crop.size), ops[1].p if len(ops) == 3 else None, ops[-1])
+    return FlipOfBytes(tuple(ops[0].crop.size), ops[1].p if len(ops) == 3 else None, ops[-1])
 
 
 def build_transform(cfg: TransformConfig, train: bool) -> Callable:

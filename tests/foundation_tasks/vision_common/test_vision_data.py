@@ -302,7 +302,7 @@ def test_kept_bytes_give_timms_items_bit_for_bit(demo_root, tmp_path):
     from timm.data import create_transform
 
     from foundation.engine.data import BatchFetch
-    from foundation_tasks.vision_common.transforms import MEAN, STD, flip_of_tensor
+    from foundation_tasks.vision_common.transforms import MEAN, STD, flip_of_bytes
 
     root = copy_tree(demo_root, tmp_path / "mixed")
     odd = sorted((root / "train").rglob("*.JPEG"))[1]
@@ -332,7 +332,7 @@ def test_kept_bytes_give_timms_items_bit_for_bit(demo_root, tmp_path):
     assert list(ours.decoded.images) == [str(odd)]  # the kept bytes stand in for the other images
     for cfg in (TransformConfig(img_size=16, scale=[0.5, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.0),
                 TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.25)):
-        assert flip_of_tensor(build_transform(cfg, train=True)) is None, cfg
+        assert flip_of_bytes(build_transform(cfg, train=True)) is None, cfg
     no_flip = TransformConfig(img_size=16, scale=[1.0, 1.0], auto_augment=None, color_jitter=0.0, re_prob=0.0,
                               hflip=0.0)
-    assert flip_of_tensor(build_transform(no_flip, train=True)).flip_p is None
+    assert flip_of_bytes(build_transform(no_flip, train=True)).flip_p is None
