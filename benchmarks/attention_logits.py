@@ -22,7 +22,6 @@ e.g. for the figure) without re-training. Writes ``OUT/<run>.json`` (the series)
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -31,6 +30,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rerun import check_runs, parser, rerun_config  # noqa: E402
 
 RATES, SPANS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4), (2, 4, 8, 16)
 
@@ -43,10 +45,8 @@ def measure_run(run_dir: Path, out: Path, overrides: list[str]) -> tuple[list[di
 
     from foundation import layers
     from foundation.engine import loop
-    from foundation.engine.config import load_config
 
-    cfg, specs = load_config(run_dir / "config.yaml", [f"output_dir={out}", "log.progress=false", "guard.mode=off",
-                                                        "save.every=0", "eval.every=0", "overwrite=true", *overrides])
+    cfg, specs = rerun_config(run_dir, out, overrides)
     largest = [0.0]
     rows: list[dict] = []
     original_attend, original_step = layers._Heads._attend, loop.Trainer.train_step
@@ -120,26 +120,21 @@ def plot(results: Sequence[tuple[str, list[dict], Optional[int]]], rate: float, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (each with its config.yaml)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap = parser(__doc__)
     ap.add_argument("--rate", type=float, default=0.2, help="growth per step (log scale) that fires (default 0.2)")
     ap.add_argument("--span", type=int, default=4, help="steps the growth is measured over (default 4)")
     ap.add_argument("--lead", type=int, default=20, help="the warning's lead that counts (default 20)")
     ap.add_argument("--search", action="store_true", help=f"also score every rate in {RATES} x span in {SPANS}")
     ap.add_argument("--replay", action="store_true", help="judge the series OUT already holds, without re-training")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for every run (repeatable)")
     args = ap.parse_args(argv)
     from studies.guard_eval import onset
 
+    check_runs(args.runs, "attention_logits")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     lines = ["| run | status | onset | fired | lead | largest logit at steps 1 / 5 / 10 / 20 / 40 |",
              "|---|---|---:|---:|---:|---|"]
     for run in args.runs:
-        if not (run / "config.yaml").is_file():
-            raise SystemExit(f"attention_logits: {run / 'config.yaml'} not found (a run directory is expected)")
         saved = args.out / f"{run.name}.json"
         if args.replay:
             if not saved.is_file():

@@ -20,13 +20,15 @@ verdict and the onset of its divergence (``studies.guard_eval.onset``); writes
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from rerun import check_runs, parser, rerun_config  # noqa: E402
 
 
 def measure_run(run_dir: Path, out: Path, every: int, overrides: list[str]) -> tuple[list[dict], str]:
@@ -35,11 +37,9 @@ def measure_run(run_dir: Path, out: Path, every: int, overrides: list[str]) -> t
     import torch
 
     from foundation.engine import loop
-    from foundation.engine.config import load_config
     from foundation.engine.data import seeded
 
-    cfg, specs = load_config(run_dir / "config.yaml", [f"output_dir={out}", "log.progress=false", "guard.mode=off",
-                                                        "save.every=0", "eval.every=0", "overwrite=true", *overrides])
+    cfg, specs = rerun_config(run_dir, out, overrides)
     probe: dict = {}
     rows: list[dict] = []
     original_step, original_next = loop.Trainer.train_step, loop.next_batch
@@ -119,23 +119,18 @@ def summary(results: list[tuple[str, list[dict], int | None]], lead: int) -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (each with its config.yaml)")
-    ap.add_argument("--out", type=Path, required=True)
+    ap = parser(__doc__)
     ap.add_argument("--every", type=int, default=2, help="steps between measurements (default 2)")
     ap.add_argument("--lead", type=int, default=20, help="the warning's lead the summary reads at (default 20)")
     ap.add_argument("--window", type=int, default=20, help="steps a row of the table summarises (default 20)")
-    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                    help="a config override for every run (repeatable)")
     args = ap.parse_args(argv)
     from studies.guard_eval import onset
 
+    check_runs(args.runs, "step_curvature")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     lines = ["| run | status | onset | " + "median q (share > 1) per window of steps |", "|---|---|---:|---|"]
     for run in args.runs:
-        if not (run / "config.yaml").is_file():
-            raise SystemExit(f"step_curvature: {run / 'config.yaml'} not found (a run directory is expected)")
         rows, status = measure_run(run, args.out, args.every, args.overrides)
         (args.out / f"{run.name}.json").write_text(json.dumps(rows) + "\n")
         at = onset(args.out / run.name, None)  # the loss's first spike (or non-finite step), whatever the status
