@@ -241,12 +241,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 raise SystemExit(f"step_cost: --tasks: unknown {task!r} (vision, speech)")
             norms = a.norms.split(",")
-            # each norm's plain loop (its name names it: one loop stands for several where it is the same)
-            plains = {norm: plain_name(norm) for norm in norms}
+            plains = {norm: plain_name(norm) for norm in norms}  # each norm's plain loop, by name
+            loops: dict[str, str] = {}  # each plain loop once (speech: one for both norms), with a norm it stands for
+            for norm, name in plains.items():
+                loops.setdefault(name, norm)
             times: dict[str, list[float]] = {}
             for r in range(a.rounds):
-                for name in dict.fromkeys(plains.values()):
-                    times.setdefault(name, []).append(plain(next(n for n in norms if plains[n] == name)))
+                for name, norm in loops.items():
+                    times.setdefault(name, []).append(plain(norm))
                 for norm in norms:
                     s = ours(config, [*fields, f"backbone.norm={norm}"], out, f"{task}-{norm}", a.steps, a.warmup)
                     times.setdefault(norm, []).append(s)

@@ -113,10 +113,12 @@ class WholeImageCrop:
     def __init__(self, crop: RandomResizedCropAndInterpolation):
         self.crop = crop
 
+    def passes_whole(self, img) -> bool:
+        """Whether ``img`` is a square image already of the output size (returned whole)."""
+        return isinstance(img, Image.Image) and img.size == self.crop.size[::-1] and img.width == img.height
+
     def __call__(self, img):
-        if isinstance(img, Image.Image) and img.size == self.crop.size[::-1] and img.width == img.height:
-            return img.copy()
-        return self.crop(img)
+        return img.copy() if self.passes_whole(img) else self.crop(img)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.crop!r})"
@@ -152,13 +154,12 @@ class FlipOfBytes:
     ``benchmarks/reference_vision.py`` flips a stored batch: the per-image PIL flip and byte
     conversion are ~60 % of the tiny vision recipe's data time."""
 
-    def __init__(self, size: tuple[int, int], flip_p: Optional[float], to_tensor: ToNormalizedTensor):
-        self.size, self.flip_p, self.to_tensor = size, flip_p, to_tensor
+    def __init__(self, crop: WholeImageCrop, flip_p: Optional[float], to_tensor: ToNormalizedTensor):
+        self.crop, self.flip_p, self.to_tensor = crop, flip_p, to_tensor
 
     def applies(self, img) -> bool:
-        """Whether ``img``'s items are ``flip(chw(img))`` (what ``WholeImageCrop`` passes whole)."""
-        return isinstance(img, Image.Image) and img.mode == "RGB" and img.size == self.size[::-1] \
-            and img.width == img.height
+        """Whether ``img``'s items are ``flip(chw(img))``: an RGB image the crop passes whole."""
+        return self.crop.passes_whole(img) and img.mode == "RGB"
 
     def chw(self, img: Image.Image) -> torch.Tensor:
         return self.to_tensor.chw_bytes(img).contiguous()
@@ -178,7 +179,7 @@ def flip_of_bytes(transform: Callable) -> Optional[FlipOfBytes]:
         return None
     if len(ops) == 3 and type(ops[1]) is not T.RandomHorizontalFlip:
         return None
-    return FlipOfBytes(tuple(ops[0].crop.size), ops[1].p if len(ops) == 3 else None, ops[-1])
+    return FlipOfBytes(ops[0], ops[1].p if len(ops) == 3 else None, ops[-1])
 
 
 def build_transform(cfg: TransformConfig, train: bool) -> Callable:
