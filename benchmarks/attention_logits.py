@@ -9,7 +9,8 @@ without bound (what qk-layernorm prevents; Dehghani et al. 2023 saw it in ViT-22
 re-trains each run from its ``config.yaml`` (same seed and data order: the measurement draws
 nothing and changes nothing) and records, per optimizer step, the largest attention logit
 |q.k| / sqrt(head dim) over every attention of that step's training forward (before any
-relative-position bias or mask). The rule judged: the logit's growth rate, ln(L_t / L_{t-span})
+relative-position bias or mask), on the first ``--items`` items of its batch: what the stability
+guard's attention rule (``guard.attention``) reads while training. The rule judged: the logit's growth rate, ln(L_t / L_{t-span})
 / span, above ``--rate`` per step; the guard's model update and the loss do not lead a blow-up
 by 20 steps here (``foundation compare guard``, docs/studies.md).
 
@@ -18,7 +19,9 @@ non-finite step or loss spike), the rule's first firing and the lead between the
 the share of diverged runs warned at least ``--lead`` steps ahead, and the runs that did not
 diverge in which the rule fired at all. ``--search`` scores a grid of (rate, span) on the same
 series; ``--replay`` judges the series an earlier invocation wrote to OUT (any subset of its runs,
-e.g. for the figure) without re-training. Writes ``OUT/<run>.json`` (the series), ``OUT/attention.md`` and ``OUT/attention.png``.
+e.g. for the figure) without re-training; ``--logged`` judges the series the stability guard
+measured while the runs trained (``guard.mode=warn log.every=1``: ``attention/logit_max`` at every
+step) and adds the step at which the guard itself warned. Writes ``OUT/<run>.json`` (the series), ``OUT/attention.md`` and ``OUT/attention.png``.
 """
 from __future__ import annotations
 
@@ -37,39 +40,49 @@ from rerun import check_runs, parser, rerun_config  # noqa: E402
 RATES, SPANS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4), (2, 4, 8, 16)
 
 
-def measure_run(run_dir: Path, out: Path, overrides: list[str]) -> tuple[list[dict], str]:
+def measure_run(run_dir: Path, out: Path, overrides: list[str], items: int) -> tuple[list[dict], str]:
     """Re-train the run at ``run_dir`` under ``out``; one record a step: step, lr, loss and
-    ``logit_max``, the largest |q.k| / sqrt(head dim) of that step's training forward. Returns
-    (records, status)."""
-    import torch
-
-    from foundation import layers
+    ``logit_max``, the largest |q.k| / sqrt(head dim) of that step's training forward over its
+    first ``items`` items, measured by the guard's own ``AttentionWatch``. Returns (records, status)."""
     from foundation.engine import loop
+    from foundation.engine.guard import AttentionWatch
 
     cfg, specs = rerun_config(run_dir, out, overrides)
-    largest = [0.0]
     rows: list[dict] = []
-    original_attend, original_step = layers._Heads._attend, loop.Trainer.train_step
-
-    def attend(self, q, k, v, mask, is_causal):
-        if torch.is_grad_enabled():  # the training forward, not an evaluation's
-            with torch.no_grad():
-                logits = q.float() @ k.float().transpose(-1, -2)
-                largest[0] = max(largest[0], logits.abs().max().item() / math.sqrt(q.shape[-1]))
-        return original_attend(self, q, k, v, mask, is_causal)
+    watch: list[AttentionWatch] = []
+    original_step = loop.Trainer.train_step
 
     def step(trainer):
-        largest[0] = 0.0
+        if not watch:
+            watch.append(AttentionWatch(trainer.model, items))
         record = original_step(trainer)
-        rows.append({"step": trainer.step, "lr": record.get("lr"), "loss": record.get("loss"), "logit_max": largest[0]})
+        rows.append({"step": trainer.step, "lr": record.get("lr"), "loss": record.get("loss"),
+                     "logit_max": watch[0].take()})
         return record
 
-    layers._Heads._attend, loop.Trainer.train_step = attend, step
+    loop.Trainer.train_step = step
     try:
         result = loop.train(cfg, specs)
     finally:
-        layers._Heads._attend, loop.Trainer.train_step = original_attend, original_step
+        loop.Trainer.train_step = original_step
+        if watch:
+            watch[0].close()
     return rows, result.status
+
+
+def logged(run_dir: Path) -> tuple[list[dict], Optional[int]]:
+    """The series the guard logged while ``run_dir`` trained, and the step of its first attention
+    warning (None if it gave none)."""
+    from studies.runs import read_records
+
+    records = read_records(run_dir)
+    rows = sorted(({"step": int(r["step"]), "lr": r.get("lr"), "loss": r.get("loss"), "logit_max": r["attention/logit_max"]}
+                   for r in records if "attention/logit_max" in r and "event" not in r), key=lambda r: r["step"])
+    if not rows:
+        raise SystemExit(f"attention_logits: --logged: {run_dir} logged no attention/logit_max (train it with "
+                         "guard.mode=warn log.every=1)")
+    warned = [int(r["step"]) for r in records if r.get("event") == "guard" and r.get("signal") == "attention"]
+    return rows, min(warned, default=None)
 
 
 def first_firing(rows: Sequence[dict], rate: float, span: int) -> Optional[int]:
@@ -124,33 +137,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=0.2, help="growth per step (log scale) that fires (default 0.2)")
     ap.add_argument("--span", type=int, default=4, help="steps the growth is measured over (default 4)")
     ap.add_argument("--lead", type=int, default=20, help="the warning's lead that counts (default 20)")
+    ap.add_argument("--items", type=int, default=8, help="items of each batch the logits are read on "
+                    "(default 8, the guard's guard.probe_items)")
     ap.add_argument("--search", action="store_true", help=f"also score every rate in {RATES} x span in {SPANS}")
     ap.add_argument("--replay", action="store_true", help="judge the series OUT already holds, without re-training")
+    ap.add_argument("--logged", action="store_true", help="judge the series the guard logged in each run, without re-training")
     args = ap.parse_args(argv)
     from studies.guard_eval import onset
 
     check_runs(args.runs, "attention_logits")
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
-    lines = ["| run | status | onset | fired | lead | largest logit at steps 1 / 5 / 10 / 20 / 40 |",
-             "|---|---|---:|---:|---:|---|"]
+    lines = ["| run | status | onset | fired | lead | largest logit at steps 1 / 5 / 10 / 20 / 40 |"
+             + (" the guard warned |" if args.logged else ""), "|---|---|---:|---:|---:|---|" + ("---:|" if args.logged else "")]
     for run in args.runs:
         saved = args.out / f"{run.name}.json"
         if args.replay:
             if not saved.is_file():
                 raise SystemExit(f"attention_logits: --replay: {saved} not found (measure the run first)")
             rows, status = json.loads(saved.read_text()), "replayed"
-        else:
-            rows, status = measure_run(run, args.out, args.overrides)
+        elif args.logged:
+            rows, warned = logged(run)
+            status = "logged"
             saved.write_text(json.dumps(rows) + "\n")
-        at = onset(args.out / run.name, None)  # the loss's first spike (or non-finite step), whatever the status
+        else:
+            rows, status = measure_run(run, args.out, args.overrides, args.items)
+            saved.write_text(json.dumps(rows) + "\n")
+        at = onset(run, None)  # the loss's first spike (or non-finite step), whatever the status (re-trained: the same)
         results.append((run.name, rows, at))
         fired = first_firing(rows, args.rate, args.span)
         lead = at - fired if at is not None and fired is not None and fired <= at else None
         by_step = {r["step"]: r["logit_max"] for r in rows}
         cells = " / ".join(f"{by_step[s]:.3g}" if s in by_step else "-" for s in (1, 5, 10, 20, 40))
         lines.append(f"| {run.name} | {status} | {at if at is not None else '-'} | {fired if fired is not None else '-'} "
-                     f"| {lead if lead is not None else '-'} | {cells} |")
+                     f"| {lead if lead is not None else '-'} | {cells} |"
+                     + (f" {warned if warned is not None else '-'} |" if args.logged else ""))
         print(lines[-1], flush=True)
     settings = list(dict.fromkeys([(args.rate, args.span), *(itertools.product(RATES, SPANS) if args.search else [])]))
     lines += ["", f"| rate / step | span | diverged runs warned >= {args.lead} steps ahead | runs that did not diverge, "

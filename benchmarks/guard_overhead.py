@@ -9,7 +9,8 @@
 Alternating the two settings round by round (off, warn, off, warn, ...) lets a busy spell of the
 machine hit both alike; the ratio of the medians is the overhead. Step time is the engine's own
 ``step_time`` (forward, backward, optimizer); the measurement adds one probe forward without
-gradients per measured step after it, so the loop's wall time per step is what is compared
+gradients per measured step after it and, with ``guard.attention`` on, the logits q.k of every
+attention in each training forward, so the loop's wall time per step is what is compared
 (from the first step's record to the last: start-up and the final evaluation left out). The
 guard's own CPU time (every ``after_step`` call, timed) is printed beside it: the overhead without
 the noise of whole-run timings, which on a busy 2-core machine move by ~10 % from round to round.
@@ -31,21 +32,24 @@ GUARD_CPU = [0.0]  # CPU seconds spent inside the guard's after_step, summed ove
 
 def timed_guard() -> None:
     """Count the CPU time of every ``Stability.after_step`` call (the probe forward, the weight
-    norms and the rules): the guard's own cost, which other load on the machine does not move."""
+    norms and the rules) and of every ``AttentionWatch.see`` (the logits q.k the attention rule
+    forms inside each training forward): the guard's own cost, which other load on the machine
+    does not move."""
     import time
 
-    from foundation.engine.guard import Stability
+    from foundation.engine.guard import AttentionWatch, Stability
 
-    inner = Stability.after_step
+    def timed(inner):
+        def call(self, *args, **kwargs):
+            t = time.process_time()
+            try:
+                return inner(self, *args, **kwargs)
+            finally:
+                GUARD_CPU[0] += time.process_time() - t
+        return call
 
-    def after_step(self, *args, **kwargs):
-        t = time.process_time()
-        try:
-            return inner(self, *args, **kwargs)
-        finally:
-            GUARD_CPU[0] += time.process_time() - t
-
-    Stability.after_step = after_step
+    Stability.after_step = timed(Stability.after_step)
+    AttentionWatch.see = timed(AttentionWatch.see)
 
 
 def one_run(config: str, overrides: list[str], mode: str, steps: int, out: Path) -> float:

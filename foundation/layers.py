@@ -25,6 +25,10 @@ class _Heads(nn.Module):
     """Multi-head scaled dot-product attention on ``F.scaled_dot_product_attention``; the
     projections around it are the subclasses'."""
 
+    # the stability guard's attention rule (engine/guard.py, AttentionWatch) sees each (q, k) here:
+    # the fused kernel never forms the logits q.k it judges
+    logit_watch = None
+
     def __init__(self, dim: int, heads: int, attn_dropout: float):
         super().__init__()
         self.heads, self.head_dim, self.attn_dropout = heads, dim // heads, attn_dropout
@@ -39,6 +43,8 @@ class _Heads(nn.Module):
         """(B, H, T, hd) queries -> (B, T, D). The fused kernels keep the softmax in fp32
         under bf16 autocast."""
         B, H, T, hd = q.shape
+        if self.logit_watch is not None:
+            self.logit_watch(q, k)
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=is_causal,
             dropout_p=self.attn_dropout if self.training else 0.0,

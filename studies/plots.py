@@ -55,7 +55,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     updates = [k for k in ("update/output", "update/weights_max") if k in data]  # the guard's measurement
     panels = [("training loss", losses, True), ("learning rate", ["lr"] if "lr" in data else [], False),
               ("gradient norm (before clipping)", ["grad_norm"] if "grad_norm" in data else [], True),
-              ("model update (relative, over guard.every steps)", updates, True)]
+              ("model update (relative, over guard.every steps)", updates, True),
+              ("largest attention logit |q.k|/sqrt(d) (guard)", [k for k in ("attention/logit_max",) if k in data], True)]
     panels += [(f"eval {k[len('eval/'):]}", [k], False) for k in evals]
     panels = [p for p in panels if p[1]]
     if not panels:

@@ -175,12 +175,13 @@ class GuardConfig:
 
     mode: str = "off"  # off (nothing measured) | warn | recover
     every: int = 10  # steps between measurements (a probe forward each: ~2 % of a tiny recipe's step at 10)
-    probe_items: int = 8  # items of the first training batch kept as the probe batch
+    probe_items: int = 8  # items of the first training batch kept as the probe batch; the attention rule reads as many of each
     window: int = 20  # the recent measurements the level is the median of
     warmup: int = 5  # measurements before the guard may fire
     factor: float = 4.0  # fires above this x the level (update per unit of learning rate)
     loss_factor: float = 3.0  # also fires when the loss (median of 3 steps) tops this x its recent median (0: off)
     giveback: float = 0.5  # ... or when the loss (median of 30 steps) has lost this share of its progress (0: off)
+    attention: float = 0.2  # ... or when the largest attention logit grows faster than this a step, ln, over 4 steps (0: off)
     lr_backoff: float = 0.5  # recover: the learning rate is multiplied by this, for the rest of the run
     snapshot_every: int = 10  # recover: healthy steps between in-memory snapshots to roll back to
     max_recoveries: int = 3  # recover: then the run goes on without rolling back (and may diverge)
@@ -198,6 +199,7 @@ class GuardConfig:
                "must be 0 (off) or > 1")
         _check(0 < self.lr_backoff < 1, "guard.lr_backoff", self.lr_backoff, "must be in (0, 1)")
         _check(0 <= self.giveback < 1, "guard.giveback", self.giveback, "must be 0 (off) or in (0, 1)")
+        _check(self.attention >= 0, "guard.attention", self.attention, "must be 0 (off) or > 0")
 
 
 @dataclass

@@ -124,7 +124,7 @@ def unsharded(model: nn.Module) -> Iterator[None]:
 
 def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
         if op == "mean":
             t /= dist.get_world_size()
     return t

@@ -33,6 +33,7 @@ metrics stream (``guard`` events) and to status.json.
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 from collections import deque
 from typing import Any, Optional
@@ -42,6 +43,7 @@ from torch import nn
 
 from foundation.engine.data import seeded
 
+ATTENTION_SPAN = 4  # the attention rule judges the largest logit's growth over this many steps
 PROBE_SEED = 20_240_917  # the probe forward's RNG (masks a head may draw); restored after
 LOSS_STEPS = 3  # the loss rule judges the median of this many last training losses
 GIVEBACK_STEPS = 30  # the giveback rule judges the median of this many last training losses
@@ -285,6 +287,96 @@ class GivebackRule:
         self.last.clear()
 
 
+class AttentionWatch:
+    """The largest attention logit |q.k| / sqrt(head dim) of each training forward, over every
+    attention of the model (self- and cross-, before any relative-position bias or mask) and the
+    first ``items`` items of the batch: what grows without bound in the high-learning-rate
+    instability qk-layernorm removes (Wortsman et al. 2023). ``take()`` -> that step's value (nan
+    when no training forward ran) and starts the next.
+
+    Each ``_Heads`` hands its (q, k) over before the fused kernel, which never forms q.k; forwards
+    without gradients (the probe, evaluations) are not training forwards and are skipped. A few
+    items bound the cost whatever the batch: q.k over a whole 64-image batch of the tiny vision
+    recipe cost 5 % of its step. Each attention's largest |q.k| stays on the device and is
+    scaled and reduced once a step, in ``take`` (one host sync): on the tiny seq2seq a few ops
+    more per attention cost as much as the matrix product itself."""
+
+    def __init__(self, model: nn.Module, items: int):
+        from foundation.layers import _Heads
+
+        self.items = items
+        self.heads = [m for m in model.modules() if isinstance(m, _Heads)]
+        self.seen: list[torch.Tensor] = []  # this step's, each already divided by sqrt(head dim) unless shared
+        dims = {m.head_dim for m in self.heads}
+        self.shared_scale = dims.pop() ** -0.5 if len(dims) == 1 else None
+        for m in self.heads:
+            m.logit_watch = self.see
+
+    def see(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        if not torch.is_grad_enabled():
+            return
+        with torch.no_grad():
+            if q.shape[0] > self.items:
+                q, k = q[:self.items], k[:self.items]
+            largest = (q @ k.transpose(-1, -2)).abs_().amax()
+            self.seen.append(largest if self.shared_scale is not None else largest * q.shape[-1] ** -0.5)
+
+    def take(self, all_reduce=None) -> float:
+        if not self.seen:
+            return float("nan")
+        value = torch.stack(self.seen).max().float() * (self.shared_scale or 1.0)
+        self.seen = []
+        if all_reduce is not None:
+            value = all_reduce(value.reshape(1), "max")[0]
+        return float(value)
+
+    def close(self) -> None:
+        for m in self.heads:
+            m.__dict__.pop("logit_watch", None)
+
+
+class AttentionRule:
+    """Fires when the largest attention logit grew faster than ``rate`` per step, on a log scale,
+    over the last ``ATTENTION_SPAN`` steps: ln(L_t / L_{t-span}) / span > rate. Calibrated offline
+    on the 12-layer seq2seq ladders (benchmarks/attention_logits.py, docs/studies.md): at 0.2 it
+    warns 20 or more steps before 14 of the 16 mid-run blow-ups of the 100-step warm-up ladder
+    (median lead 31) and fires in none of the tiny recipes at their own learning rates; it also
+    fires in runs whose lr is too high to learn, where the attention sharpens and the loss stays on
+    its plateau. An episode lasts until the logit is back at the level it grew from: a run whose
+    attention went on sharpening, or stayed sharp and then blew up, is one warning.
+    ``check(step, logit)`` -> None or the firing's record (``update``: the logit, ``level``: span steps ago)."""
+
+    def __init__(self, rate: float):
+        self.rate = rate
+        self.recent: dict[int, float] = {}
+        self.firing = False
+        self.base = 0.0  # inside an episode: the logit it grew from
+
+    def check(self, step: int, logit: float) -> Optional[dict[str, float]]:
+        if not math.isfinite(logit):
+            return None  # a non-finite step is the other rules' (and the engine's) to judge
+        self.recent[step] = logit
+        then = self.recent.get(step - ATTENTION_SPAN)
+        for old in [s for s in self.recent if s <= step - ATTENTION_SPAN]:
+            del self.recent[old]  # what the next steps will not look back to
+        if then is None or then <= 0 or logit <= 0:
+            return None
+        growth = math.log(logit / then) / ATTENTION_SPAN
+        if growth > self.rate:
+            new = not self.firing
+            if new:
+                self.firing, self.base = True, then
+            return {"step": step, "update": logit, "rate": growth, "level": then, "new_episode": new}
+        if self.firing and logit <= self.base:
+            self.firing = False
+        return None
+
+    def rolled_back(self) -> None:
+        """The logits it holds are gone with the steps rolled back; no episode is open."""
+        self.firing = False
+        self.recent.clear()
+
+
 class Snapshot:
     """The last good model and optimizer state, kept in memory for ``recover``."""
 
@@ -353,6 +445,8 @@ class Stability:
         # whose losses differ; the ASR head adds its transducer loss at rnnt_start)
         self.loss_rules: dict[tuple, LossRule] = {}
         self.giveback_rules: dict[tuple, GivebackRule] = {}
+        self.attention = AttentionWatch(model, cfg.probe_items) if cfg.attention else None
+        self.attention_rules: dict[tuple, AttentionRule] = {}
         # recover: the last snapshot taken while a kind of step's loss was at its best, what a giveback
         # rolls back to (the regular snapshots are from inside the slow climb by the time it fires)
         self.best_snapshot: Optional[tuple[tuple, Snapshot]] = None
@@ -381,6 +475,8 @@ class Stability:
 
     @property
     def firing(self) -> bool:
+        """Inside an episode of the rules that see a run going wrong (not the attention rule's, which
+        warns ahead and may stay open for the rest of a run: it holds back no later warning)."""
         return self.guard.firing or self.loss_guard_firing or any(r.firing for r in self.giveback_rules.values())
 
     def after_step(self, step: int, lr: float, finite: bool, loss: float = float("nan"),
@@ -391,6 +487,7 @@ class Stability:
             return {}, {}
         record: dict[str, float] = {}
         fired = None
+        logit = self.attention.take(self.all_reduce) if self.attention is not None else float("nan")
         if not finite:  # a skipped step: the model did not move, the optimizer state may have
             fired = {"step": step, "update": float("nan"), "rate": float("nan"), "level": float("nan"),
                      "new_episode": not self.firing, "nonfinite": True,
@@ -410,6 +507,14 @@ class Stability:
                 by_loss = rule.check(step, loss)
                 if by_loss is not None and fired is None:
                     fired = {**by_loss, "signal": "loss", "new_episode": by_loss["new_episode"] and not self.guard.firing}
+            if logit == logit:
+                record["attention/logit_max"] = logit
+                others = self.firing
+                rule = self.attention_rules.get(kind) or self.attention_rules.setdefault(
+                    kind, AttentionRule(self.cfg.attention))
+                by_attention = rule.check(step, logit)
+                if by_attention is not None and fired is None:
+                    fired = {**by_attention, "signal": "attention", "new_episode": by_attention["new_episode"] and not others}
             if self.cfg.giveback and loss == loss:
                 others = self.firing
                 rule = self.giveback_rules.get(kind) or self.giveback_rules.setdefault(kind, GivebackRule(self.cfg.giveback))
@@ -433,10 +538,14 @@ class Stability:
         return record, action
 
     def _act(self, step: int, fired: dict) -> dict:
-        # "update": the signal's value (the model update, or the loss with signal "loss")
-        # ratio: how far above its level the signal is; for a giveback, the share of the progress lost
-        ratio = fired["rate"] if fired["signal"] == "giveback" else (
-            fired["rate"] / fired["level"] if fired["level"] else float("nan"))
+        # "update": the signal's value (the model update, the loss, or the largest attention logit)
+        # ratio: how far above its level the signal is (for the attention, the logit ATTENTION_SPAN
+        # steps before); for a giveback, the share of the progress lost
+        if fired["signal"] == "giveback":
+            ratio = fired["rate"]
+        else:
+            ratio = (fired["update"] if fired["signal"] == "attention" else fired["rate"]) / fired["level"] \
+                if fired["level"] else float("nan")
         action = {"step": step, "signal": fired["signal"], "update": fired["update"], "level": fired["level"],
                   "ratio": ratio}
         if self.cfg.mode == "warn":
@@ -459,10 +568,15 @@ class Stability:
         self.monitor.reset()
         self.monitor.measure()
         self.guard.firing = False
-        for rule in [*self.loss_rules.values(), *self.giveback_rules.values()]:
+        for rule in [*self.loss_rules.values(), *self.giveback_rules.values(), *self.attention_rules.values()]:
             rule.rolled_back()
         return {**action, "action": "recover", "rolled_back_to": snap.step,
                 "lr_scale": self.cfg.lr_backoff ** self.recoveries, "recoveries": self.recoveries}
+
+    def close(self) -> None:
+        """The model's attentions back as they were (the run is over)."""
+        if self.attention is not None:
+            self.attention.close()
 
     def state_dict(self) -> dict:
         return {"recoveries": self.recoveries, "actions": self.actions}

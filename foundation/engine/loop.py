@@ -52,7 +52,7 @@ from foundation.engine.data import TaskStream, step_plan, to_device
 from foundation.engine.distributed import Env
 from foundation.engine.evaluation import autocast, evaluate, next_batch
 from foundation.engine.failure import one_line
-from foundation.engine.guard import LossWatch, Stability
+from foundation.engine.guard import ATTENTION_SPAN, LossWatch, Stability
 from foundation.engine.metrics_log import MetricsLog, Progress
 from foundation.engine.init import check_init_from, load_init_from
 from foundation.engine.model import ModelConfig, MultiTaskModel
@@ -489,6 +489,8 @@ class Trainer:
         finally:
             self.progress.close()
             log.close()
+            if self.stability is not None:
+                self.stability.close()
         if finished:
             return self._result("finished", f"finished at step {self.step}")
         return self._result("stopped", f"stopped at step {self.step} of {cfg.train.steps} (train.stop_at); "
@@ -504,6 +506,9 @@ class Trainer:
         if action["signal"] == "giveback":
             jumped = (f"the training loss climbed back to {action['update']:.4g} from its best {action['level']:.4g}, "
                       f"losing {action['ratio']:.0%} of its progress")
+        elif action["signal"] == "attention":
+            jumped = (f"the largest attention logit grew {action['ratio']:.1f}x in {ATTENTION_SPAN} steps, "
+                      f"from {action['level']:.3g} to {action['update']:.3g}")
         else:
             jumped = f"{what} jumped to {action['ratio']:.1f}x its recent level"
         if action["action"] == "recover":
@@ -511,10 +516,12 @@ class Trainer:
                     f"rolled back to step {action['rolled_back_to']}, learning rate x{action['lr_scale']:g} from now "
                     f"(recovery {action['recoveries']} of guard.max_recoveries={self.cfg.guard.max_recoveries})")
         else:
-            value = "" if action["signal"] == "giveback" else (
+            value = "" if action["signal"] in ("giveback", "attention") else (
                 f" ({action['update']:.4g})" if action["signal"] == "loss" else f" ({action['update']:.3g} a step)")
             line = (f"guard: step {self.step}: {jumped}{value}; the run may be "
-                    + ("losing what it learnt" if action["signal"] == "giveback" else "diverging")
+                    + {"giveback": "losing what it learnt",
+                       "attention": "sharpening its attention as runs about to blow up do"}.get(
+                        action["signal"], "diverging")
                     + (f" ({action['why']})" if "why" in action else " (guard.mode=recover rolls back)"))
         self.progress.write(line)
         log.event(self.step, "guard", task=None, **{k: v for k, v in action.items() if k != "step"})

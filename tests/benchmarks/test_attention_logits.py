@@ -66,3 +66,22 @@ def test_the_rule_fires_on_fast_growth_only():
     s = bench.score(results, 0.2, 4, lead=20)
     assert s["leads"] == [28, 8, None] and s["warned_early"] == 1 and s["diverged"] == 3
     assert s["calm"] == 1 and s["fired_calm"] == 0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_the_guard_logs_what_the_benchmark_measures(tmp_path):
+    """The stability guard's attention rule measures, while training, the series this benchmark
+    measures by re-training (``--logged`` reads it back): the same values, step for step."""
+    cfg, specs = load_config("configs/seq2seq/tiny.yaml", [*SMALL, f"output_dir={tmp_path / 'guarded'}", "run_name=r",
+                                                           "guard.mode=warn"])
+    train(cfg, specs)
+    bench = load_benchmark("attention_logits")
+    run = tmp_path / "guarded" / "r"
+    assert bench.main([str(run), "--out", str(tmp_path / "logged"), "--logged"]) == 0
+    assert bench.main([str(run), "--out", str(tmp_path / "offline")]) == 0
+    live, offline = (json.loads((tmp_path / d / "r.json").read_text()) for d in ("logged", "offline"))
+    assert [r["step"] for r in live] == list(range(1, 9))
+    assert [r["logit_max"] for r in live] == pytest.approx([r["logit_max"] for r in offline], rel=1e-6)
+    assert "| r | logged | - |" in (tmp_path / "logged" / "attention.md").read_text()
+    with pytest.raises(SystemExit, match="logged no attention/logit_max"):
+        bench.main([str(tmp_path / "offline" / "r"), "--out", str(tmp_path / "x"), "--logged"])

@@ -115,11 +115,20 @@ def test_a_diverging_run_is_warned_about_ends_diverged_and_measuring_changes_not
     assert losses(warn.run_dir) == losses(off.run_dir)  # the measurement does not touch training
     events = [r for r in read_records(warn.run_dir) if r.get("event") == "guard"]
     blow_up = next(i for i, v in enumerate(losses(off.run_dir), 1) if v > 2 * losses(off.run_dir)[0])
-    assert events and events[0]["action"] == "warn" and events[0]["step"] < blow_up
+    assert events and all(e["action"] == "warn" for e in events)
+    # the attention sharpens from the first steps, ~30 before the blow-up; the model update jumps before it too
+    by_signal = {e["signal"]: e["step"] for e in events}
+    assert by_signal["attention"] + 20 <= blow_up and by_signal["update"] < blow_up
     # the loss keeps climbing for 60 steps, dipping now and then: one warning per signal, not one per dip
-    assert len(events) == len({e["signal"] for e in events})
-    assert f"guard: step {events[0]['step']}: the model update jumped" in capsys.readouterr().err
-    assert any("update/output" in r for r in read_records(warn.run_dir))
+    assert len(events) == len(by_signal)
+    err = capsys.readouterr().err
+    assert f"guard: step {by_signal['attention']}: the largest attention logit grew" in err
+    assert f"guard: step {by_signal['update']}: the model update jumped" in err
+    records = read_records(warn.run_dir)
+    assert any("update/output" in r for r in records) and any("attention/logit_max" in r for r in records)
+    quiet = train(resolve(diverging(tmp_path / "no-attention", "warn", attention=0))[0])
+    assert losses(quiet.run_dir) == losses(off.run_dir)
+    assert "attention" not in {r.get("signal") for r in read_records(quiet.run_dir) if r.get("event") == "guard"}
 
 
 def test_recover_rolls_back_lowers_the_lr_and_finishes(tmp_path):
@@ -129,6 +138,7 @@ def test_recover_rolls_back_lowers_the_lr_and_finishes(tmp_path):
     status = json.loads((result.run_dir / "status.json").read_text())
     recoveries = [a for a in status["guard"]["actions"] if a["action"] == "recover"]
     assert recoveries and status["guard"]["recoveries"] == len(recoveries)
+    assert recoveries[0]["signal"] == "attention" and recoveries[0]["step"] < 10  # the attention sharpens first
     assert recoveries[0]["rolled_back_to"] < recoveries[0]["step"] and recoveries[0]["lr_scale"] == 0.5
     lrs = {r["step"]: r["lr"] for r in read_records(result.run_dir) if "lr" in r}
     step = recoveries[0]["step"]  # warm-up: lr = 1.5 * step / 100, halved from the first recovery on
@@ -272,3 +282,73 @@ def test_a_run_that_loses_what_it_learnt_is_rolled_back_to_its_best(tmp_path):
     assert warned[1]["action"] == "warn" and "rolled_back_to" not in warned[1]
     with pytest.raises(ConfigError, match="guard.giveback"):
         GuardConfig(giveback=1.0)
+
+
+def test_the_attention_watch_sees_each_training_forwards_largest_logit(tmp_path, monkeypatch):
+    """``AttentionWatch``: the largest |q.k| / sqrt(head dim) over every attention of a training
+    forward and the first ``items`` items of its batch (checked against q.k formed by hand);
+    forwards without gradients (the probe, an evaluation) are not counted; ``close`` leaves the
+    attentions as they were."""
+    import math
+
+    from foundation import layers
+    from foundation.engine.guard import AttentionWatch
+
+    model, batch = probe_model(tmp_path)
+    seen = []
+    original = layers._Heads._attend
+
+    def spy(self, q, k, v, mask, is_causal):
+        logits = (q @ k.transpose(-1, -2)).detach().abs() / math.sqrt(q.shape[-1])
+        seen.append((float(logits.max()), float(logits[:1].max())))  # all 4 items, the first
+        return original(self, q, k, v, mask, is_causal)
+
+    monkeypatch.setattr(layers._Heads, "_attend", spy)
+    watch = AttentionWatch(model, items=8)
+    assert len(watch.heads) == 6  # encoder 2 self, decoder 2 self + 2 cross
+    model("seq2seq", batch)[0].backward()
+    assert len(seen) == 6 and watch.take() == pytest.approx(max(a for a, _ in seen), rel=1e-5)
+    watch.close()
+    one = AttentionWatch(model, items=1)
+    seen.clear()
+    model("seq2seq", batch)
+    first = one.take()
+    assert first == pytest.approx(max(b for _, b in seen), rel=1e-5) and any(b < a for a, b in seen)
+    watch = one
+    with torch.no_grad():
+        model("seq2seq", batch)
+    assert math.isnan(watch.take())  # nothing seen: no training forward since the last take
+    watch.close()
+    assert all(m.logit_watch is None for m in watch.heads)
+    model("seq2seq", batch)
+    assert not watch.seen
+
+
+def test_the_attention_rule_is_the_offline_benchmarks_and_warns_once_an_episode():
+    """``AttentionRule`` fires where benchmarks/attention_logits.py's rule (the one calibrated
+    offline) first fires at its span; the episode lasts until the logit is back at the level it grew
+    from, and a rollback closes it."""
+    import math
+
+    from support import load_benchmark
+
+    from foundation.engine.guard import ATTENTION_SPAN, AttentionRule
+
+    bench = load_benchmark("attention_logits")
+    for series in ([5.0 * math.exp(0.1 * s) for s in range(1, 61)],  # 0.1 a step: never
+                   [5.0 * math.exp(0.1 * s + (0.3 * (s - 10) if s > 10 else 0.0)) for s in range(1, 61)]):
+        rule = AttentionRule(0.2)
+        fired = [s for s, v in enumerate(series, 1) if (r := rule.check(s, v)) is not None and r["new_episode"]]
+        rows = [{"step": s, "logit_max": v} for s, v in enumerate(series, 1)]
+        offline = bench.first_firing(rows, 0.2, ATTENTION_SPAN)
+        assert fired == ([] if offline is None else [offline])
+    assert fired == [12]
+    rule = AttentionRule(0.2)
+    sharp = [5, 5, 5, 5, 5, 12, 20, 30, 30, 30, 30, 30, 8, 6, 5, 5, 5, 5, 5, 12]  # sharpens, stays, comes back
+    out = [rule.check(s, v) for s, v in enumerate(sharp, 1)]
+    assert [i + 1 for i, r in enumerate(out) if r is not None and r["new_episode"]] == [6, 20]
+    assert out[5]["level"] == 5 and out[5]["update"] == 12
+    assert rule.firing
+    rule.rolled_back()
+    assert not rule.firing and rule.check(21, 100.0) is None  # no history after a rollback
+    assert rule.check(22, float("nan")) is None and rule.check(23, float("inf")) is None
