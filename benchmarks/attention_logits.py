@@ -9,8 +9,8 @@ without bound (what qk-layernorm prevents; Dehghani et al. 2023 saw it in ViT-22
 re-trains each run from its ``config.yaml`` (same seed and data order: the measurement draws
 nothing and changes nothing) and records, per optimizer step, the largest attention logit
 |q.k| / sqrt(head dim) over every attention of that step's training forward (before any
-relative-position bias or mask), on the first ``--items`` items of its batch: what the stability
-guard's attention rule (``guard.attention``) reads while training. The rule judged: the logit's growth rate, ln(L_t / L_{t-span})
+relative-position bias or mask): what the stability guard's attention rule (``guard.attention``)
+reads while training. The rule judged: the logit's growth rate, ln(L_t / L_{t-span})
 / span, above ``--rate`` per step; the guard's model update and the loss do not lead a blow-up
 by 20 steps here (``foundation compare guard``, docs/studies.md).
 
@@ -20,7 +20,7 @@ the share of diverged runs warned at least ``--lead`` steps ahead, and the runs 
 diverge in which the rule fired at all. ``--search`` scores a grid of (rate, span) on the same
 series; ``--replay`` judges the series an earlier invocation wrote to OUT (any subset of its runs,
 e.g. for the figure) without re-training; ``--logged`` judges the series the stability guard
-measured while the runs trained (``guard.mode=warn log.every=1``: ``attention/logit_max`` at every
+measured while the runs trained (``guard.mode=warn guard.attention=0.2 log.every=1``: ``attention/logit_max`` at every
 step) and adds the step at which the guard itself warned. Writes ``OUT/<run>.json`` (the series), ``OUT/attention.md`` and ``OUT/attention.png``.
 """
 from __future__ import annotations
@@ -40,10 +40,10 @@ from rerun import check_runs, parser, rerun_config  # noqa: E402
 RATES, SPANS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4), (2, 4, 8, 16)
 
 
-def measure_run(run_dir: Path, out: Path, overrides: list[str], items: int) -> tuple[list[dict], str]:
+def measure_run(run_dir: Path, out: Path, overrides: list[str]) -> tuple[list[dict], str]:
     """Re-train the run at ``run_dir`` under ``out``; one record a step: step, lr, loss and
-    ``logit_max``, the largest |q.k| / sqrt(head dim) of that step's training forward over its
-    first ``items`` items, measured by the guard's own ``AttentionWatch``. Returns (records, status)."""
+    ``logit_max``, the largest |q.k| / sqrt(head dim) of that step's training forward, measured by
+    the guard's own ``AttentionWatch``. Returns (records, status)."""
     from foundation.engine import loop
     from foundation.engine.guard import AttentionWatch
 
@@ -54,7 +54,7 @@ def measure_run(run_dir: Path, out: Path, overrides: list[str], items: int) -> t
 
     def step(trainer):
         if not watch:
-            watch.append(AttentionWatch(trainer.model, items))
+            watch.append(AttentionWatch(trainer.model))
         record = original_step(trainer)
         rows.append({"step": trainer.step, "lr": record.get("lr"), "loss": record.get("loss"),
                      "logit_max": watch[0].take()})
@@ -80,7 +80,7 @@ def logged(run_dir: Path) -> tuple[list[dict], Optional[int]]:
                    for r in records if "attention/logit_max" in r and "event" not in r), key=lambda r: r["step"])
     if not rows:
         raise SystemExit(f"attention_logits: --logged: {run_dir} logged no attention/logit_max (train it with "
-                         "guard.mode=warn log.every=1)")
+                         "guard.mode=warn guard.attention=0.2 log.every=1)")
     warned = [int(r["step"]) for r in records if r.get("event") == "guard" and r.get("signal") == "attention"]
     return rows, min(warned, default=None)
 
@@ -137,8 +137,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=0.2, help="growth per step (log scale) that fires (default 0.2)")
     ap.add_argument("--span", type=int, default=4, help="steps the growth is measured over (default 4)")
     ap.add_argument("--lead", type=int, default=20, help="the warning's lead that counts (default 20)")
-    ap.add_argument("--items", type=int, default=8, help="items of each batch the logits are read on "
-                    "(default 8, the guard's guard.probe_items)")
     ap.add_argument("--search", action="store_true", help=f"also score every rate in {RATES} x span in {SPANS}")
     ap.add_argument("--replay", action="store_true", help="judge the series OUT already holds, without re-training")
     ap.add_argument("--logged", action="store_true", help="judge the series the guard logged in each run, without re-training")
@@ -161,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             status = "logged"
             saved.write_text(json.dumps(rows) + "\n")
         else:
-            rows, status = measure_run(run, args.out, args.overrides, args.items)
+            rows, status = measure_run(run, args.out, args.overrides)
             saved.write_text(json.dumps(rows) + "\n")
         at = onset(run, None)  # the loss's first spike (or non-finite step), whatever the status (re-trained: the same)
         results.append((run.name, rows, at))

@@ -175,13 +175,15 @@ class GuardConfig:
 
     mode: str = "off"  # off (nothing measured) | warn | recover
     every: int = 10  # steps between measurements (a probe forward each: ~2 % of a tiny recipe's step at 10)
-    probe_items: int = 8  # items of the first training batch kept as the probe batch; the attention rule reads as many of each
+    probe_items: int = 8  # items of the first training batch kept as the probe batch
     window: int = 20  # the recent measurements the level is the median of
     warmup: int = 5  # measurements before the guard may fire
     factor: float = 4.0  # fires above this x the level (update per unit of learning rate)
     loss_factor: float = 3.0  # also fires when the loss (median of 3 steps) tops this x its recent median (0: off)
     giveback: float = 0.5  # ... or when the loss (median of 30 steps) has lost this share of its progress (0: off)
-    attention: float = 0.2  # ... or when the largest attention logit grows faster than this a step, ln, over 4 steps (0: off)
+    # ... or when the largest attention logit grows faster than this a step, ln, over 4 steps (0: off; 0.2
+    # warns ~30 steps ahead of mid-warm-up blow-ups, at 1-5 % of a tiny recipe's step: docs/training.md)
+    attention: float = 0.0
     lr_backoff: float = 0.5  # recover: the learning rate is multiplied by this, for the rest of the run
     snapshot_every: int = 10  # recover: healthy steps between in-memory snapshots to roll back to
     max_recoveries: int = 3  # recover: then the run goes on without rolling back (and may diverge)

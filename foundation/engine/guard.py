@@ -24,7 +24,10 @@ times the median of its last ``guard.window`` healthy steps: the update measure 
 (on the 12-layer seq2seq ladder DeepNorm's, whose update stays level while the loss climbs),
 and a rollback needs no lead. A third rule sees a run that learnt and then lost it without any jump
 (``guard.giveback``, ``GivebackRule``): the loss climbing back over tens of steps to the plateau
-it had left. ``warn`` says so in one line per
+it had left. A fourth looks ahead (``guard.attention``, ``AttentionWatch`` and ``AttentionRule``):
+the largest attention logit |q.k| / sqrt(d) of each training forward growing fast, which leads the
+mid-warm-up blow-ups of the seq2seq ladder by ~30 steps where the update and the loss do not move
+until the blow-up. ``warn`` says so in one line per
 episode; ``recover`` rolls the model and optimizer back to the last state kept in memory
 (every ``guard.snapshot_every`` healthy steps), multiplies the learning rate by
 ``guard.lr_backoff`` for the rest of the run, and goes on. Every firing is written to the
@@ -289,22 +292,21 @@ class GivebackRule:
 
 class AttentionWatch:
     """The largest attention logit |q.k| / sqrt(head dim) of each training forward, over every
-    attention of the model (self- and cross-, before any relative-position bias or mask) and the
-    first ``items`` items of the batch: what grows without bound in the high-learning-rate
-    instability qk-layernorm removes (Wortsman et al. 2023). ``take()`` -> that step's value (nan
-    when no training forward ran) and starts the next.
+    attention of the model (self- and cross-, before any relative-position bias or mask) and every
+    item of the batch: what grows without bound in the high-learning-rate instability qk-layernorm
+    removes (Wortsman et al. 2023). ``take()`` -> that step's value (nan when no training forward
+    ran) and starts the next.
 
     Each ``_Heads`` hands its (q, k) over before the fused kernel, which never forms q.k; forwards
-    without gradients (the probe, evaluations) are not training forwards and are skipped. A few
-    items bound the cost whatever the batch: q.k over a whole 64-image batch of the tiny vision
-    recipe cost 5 % of its step. Each attention's largest |q.k| stays on the device and is
-    scaled and reduced once a step, in ``take`` (one host sync): on the tiny seq2seq a few ops
-    more per attention cost as much as the matrix product itself."""
+    without gradients (the probe, evaluations) are not training forwards and are skipped. The whole
+    batch, not a few items: on the 8 first items of each batch the largest logit is noisier and the
+    rule fired in 5 of the warm-up ladder's 16 runs that do not blow up, against 2 on the whole
+    batch. Each attention's largest |q.k| stays on the device and is scaled and reduced once a
+    step, in ``take`` (one host sync)."""
 
-    def __init__(self, model: nn.Module, items: int):
+    def __init__(self, model: nn.Module):
         from foundation.layers import _Heads
 
-        self.items = items
         self.heads = [m for m in model.modules() if isinstance(m, _Heads)]
         self.seen: list[torch.Tensor] = []  # this step's, each already divided by sqrt(head dim) unless shared
         dims = {m.head_dim for m in self.heads}
@@ -316,8 +318,6 @@ class AttentionWatch:
         if not torch.is_grad_enabled():
             return
         with torch.no_grad():
-            if q.shape[0] > self.items:
-                q, k = q[:self.items], k[:self.items]
             largest = (q @ k.transpose(-1, -2)).abs_().amax()
             self.seen.append(largest if self.shared_scale is not None else largest * q.shape[-1] ** -0.5)
 
@@ -337,10 +337,10 @@ class AttentionWatch:
 
 class AttentionRule:
     """Fires when the largest attention logit grew faster than ``rate`` per step, on a log scale,
-    over the last ``ATTENTION_SPAN`` steps: ln(L_t / L_{t-span}) / span > rate. Calibrated offline
-    on the 12-layer seq2seq ladders (benchmarks/attention_logits.py, docs/studies.md): at 0.2 it
-    warns 20 or more steps before 14 of the 16 mid-run blow-ups of the 100-step warm-up ladder
-    (median lead 31) and fires in none of the tiny recipes at their own learning rates; it also
+    over the last ``ATTENTION_SPAN`` steps: ln(L_t / L_{t-span}) / span > rate. Calibrated on the
+    12-layer seq2seq ladders (benchmarks/attention_logits.py, docs/studies.md): at 0.2 it warns 20
+    or more steps before 14 of the 16 mid-run blow-ups of the 100-step warm-up ladder (median lead
+    28) and fires in none of the tiny recipes at their own learning rates; it also
     fires in runs whose lr is too high to learn, where the attention sharpens and the loss stays on
     its plateau. An episode lasts until the logit is back at the level it grew from: a run whose
     attention went on sharpening, or stayed sharp and then blew up, is one warning.
@@ -445,7 +445,7 @@ class Stability:
         # whose losses differ; the ASR head adds its transducer loss at rnnt_start)
         self.loss_rules: dict[tuple, LossRule] = {}
         self.giveback_rules: dict[tuple, GivebackRule] = {}
-        self.attention = AttentionWatch(model, cfg.probe_items) if cfg.attention else None
+        self.attention = AttentionWatch(model) if cfg.attention else None
         self.attention_rules: dict[tuple, AttentionRule] = {}
         # recover: the last snapshot taken while a kind of step's loss was at its best, what a giveback
         # rolls back to (the regular snapshots are from inside the slow climb by the time it fires)

@@ -73,7 +73,7 @@ def test_the_guard_logs_what_the_benchmark_measures(tmp_path):
     """The stability guard's attention rule measures, while training, the series this benchmark
     measures by re-training (``--logged`` reads it back): the same values, step for step."""
     cfg, specs = load_config("configs/seq2seq/tiny.yaml", [*SMALL, f"output_dir={tmp_path / 'guarded'}", "run_name=r",
-                                                           "guard.mode=warn"])
+                                                           "guard.mode=warn", "guard.attention=0.2"])
     train(cfg, specs)
     bench = load_benchmark("attention_logits")
     run = tmp_path / "guarded" / "r"
