@@ -467,6 +467,8 @@ class Trainer:
                 due_save = cfg.save.every and self.step % cfg.save.every == 0 and not self.nonfinite_in_a_row
                 if (due_eval or due_save) and (stop := self._nonfinite_weights(log)) is not None:
                     return stop
+                if self.step >= cfg.train.steps and (why := self.losses.blown_up()) is not None:
+                    return self._blown_up(why, log)  # before the last step's evaluation and save: no result, no best/
                 if due_eval:
                     self.evaluate(log)
                     evaluated_at = self.step

@@ -93,11 +93,11 @@ def test_guard_fires_above_its_recent_level_once_per_episode():
     assert list(guard.recent)[-3:] == pytest.approx([1.0, 1.5, 0.75])  # nothing read inside an episode entered it
 
 
-def diverging(tmp_path: Path, mode: str, **guard) -> dict:
+def diverging(tmp_path: Path, mode: str, eval: dict | None = None, save: dict | None = None, **guard) -> dict:
     """Tiny seq2seq warmed up to lr 1.5 without clipping: healthy for ~35 steps, then blows up."""
     return tiny_config(tmp_path / mode, optim={"lr": 1.5, "clip_grad": None}, schedule={"warmup_steps": 100},
                        train={"steps": 100}, guard={"mode": mode, "every": 1, "warmup": 5, "window": 20, "snapshot_every": 2,
-                                                     "attention": 0.2, **guard})
+                                                     "attention": 0.2, **guard}, eval=eval or {}, save=save or {})
 
 
 def losses(run_dir: Path) -> list[float]:
@@ -110,6 +110,10 @@ def test_a_diverging_run_is_warned_about_ends_diverged_and_measuring_changes_not
     assert not (off.run_dir / "best").exists() and not any((off.run_dir / "ckpt").glob("*"))  # nothing saved
     status = json.loads((off.run_dir / "status.json").read_text())
     assert status["status"] == "diverged" and status["guard"] == {"mode": "off"}
+    # evaluated and saved every 100 steps, its last: the blown-up model is not evaluated, saved or kept as best
+    due = train(resolve(diverging(tmp_path / "due", "off", attention=0, eval={"every": 100}, save={"every": 100}))[0])
+    assert due.status == "diverged" and due.metrics == {} and due.last_checkpoint is None and due.best_step is None
+    assert not (due.run_dir / "best").exists() and not any((due.run_dir / "ckpt").glob("*"))
     warn = train(resolve(diverging(tmp_path, "warn"))[0])
     assert warn.status == "diverged"
     assert losses(warn.run_dir) == losses(off.run_dir)  # the measurement does not touch training
