@@ -10,7 +10,7 @@ Alternating the two settings round by round (off, warn, off, warn, ...) lets a b
 machine hit both alike; the ratio of the medians is the overhead. Step time is the engine's own
 ``step_time`` (forward, backward, optimizer); the measurement adds one probe forward without
 gradients per measured step after it and, with ``guard.attention`` on, the logits q.k of every
-attention in each training forward, so the loop's wall time per step is what is compared
+attention in every second training forward, so the loop's wall time per step is what is compared
 (from the first step's record to the last: start-up and the final evaluation left out). The
 guard's own CPU time (every ``after_step`` call, timed) is printed beside it: the overhead without
 the noise of whole-run timings, which on a busy 2-core machine move by ~10 % from round to round.

@@ -182,8 +182,8 @@ class GuardConfig:
     loss_factor: float = 3.0  # also fires when the loss (median of 3 steps) tops this x its recent median (0: off)
     giveback: float = 0.5  # ... or when the loss (median of 30 steps) has lost this share of its progress (0: off)
     # ... or when the largest attention logit grows faster than this a step, ln, over 4 steps (0: off; 0.2
-    # warns ~30 steps ahead of mid-warm-up blow-ups; the guard then costs 3-6 % of a tiny recipe's step,
-    # not 1-3 %: docs/training.md)
+    # warns ~30 steps ahead of mid-warm-up blow-ups; the guard then costs 2.4-4.6 % of a tiny recipe's
+    # step, not 0.7-2.6 %: docs/training.md)
     attention: float = 0.0
     lr_backoff: float = 0.5  # recover: the learning rate is multiplied by this, for the rest of the run
     snapshot_every: int = 10  # recover: healthy steps between in-memory snapshots to roll back to
