@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
@@ -86,13 +85,15 @@ def logged(run_dir: Path) -> tuple[list[dict], Optional[int]]:
 
 
 def first_firing(rows: Sequence[dict], rate: float, span: int) -> Optional[int]:
-    """The first step at which the largest logit grew faster than ``rate`` per step (log scale)
-    over the last ``span`` steps; None if it never did."""
-    by_step = {r["step"]: r["logit_max"] for r in rows}
-    for step in sorted(by_step):
-        now, then = by_step[step], by_step.get(step - span)
-        if then and now > 0 and math.isfinite(now) and math.log(now / then) / span > rate:
-            return step
+    """The first step at which the guard's rule (``AttentionRule``) at ``rate`` and ``span`` fires:
+    the largest logit grew faster than ``rate`` per step (log scale) over the last ``span`` steps;
+    None if it never did."""
+    from foundation.engine.guard import AttentionRule
+
+    rule = AttentionRule(rate, span)
+    for r in sorted(rows, key=lambda r: r["step"]):
+        if rule.check(r["step"], r["logit_max"]) is not None:
+            return r["step"]
     return None
 
 

@@ -343,7 +343,7 @@ class AttentionWatch:
 
 class AttentionRule:
     """Fires when the largest attention logit grew faster than ``rate`` per step, on a log scale,
-    over the last ``ATTENTION_SPAN`` steps: ln(L_t / L_{t-span}) / span > rate. Calibrated on the
+    over the last ``span`` steps (the guard's: ``ATTENTION_SPAN``): ln(L_t / L_{t-span}) / span > rate. Calibrated on the
     12-layer seq2seq ladders (benchmarks/attention_logits.py, docs/studies.md): at 0.2 it warns 20
     or more steps before 14 of the 16 mid-run blow-ups of the 100-step warm-up ladder (median lead
     28) and fires in none of the tiny recipes at their own learning rates; it also
@@ -352,8 +352,8 @@ class AttentionRule:
     attention went on sharpening, or stayed sharp and then blew up, is one warning.
     ``check(step, logit)`` -> None or the firing's record (``update``: the logit, ``level``: span steps ago)."""
 
-    def __init__(self, rate: float):
-        self.rate = rate
+    def __init__(self, rate: float, span: int = ATTENTION_SPAN):
+        self.rate, self.span = rate, span
         self.recent: dict[int, float] = {}
         self.firing = False
         self.base = 0.0  # inside an episode: the logit it grew from
@@ -362,12 +362,12 @@ class AttentionRule:
         if not math.isfinite(logit):
             return None  # a non-finite step is the other rules' (and the engine's) to judge
         self.recent[step] = logit
-        then = self.recent.get(step - ATTENTION_SPAN)
-        for old in [s for s in self.recent if s <= step - ATTENTION_SPAN]:
+        then = self.recent.get(step - self.span)
+        for old in [s for s in self.recent if s <= step - self.span]:
             del self.recent[old]  # what the next steps will not look back to
         if then is None or then <= 0 or logit <= 0:
             return None
-        growth = math.log(logit / then) / ATTENTION_SPAN
+        growth = math.log(logit / then) / self.span
         if growth > self.rate:
             new = not self.firing
             if new:
