@@ -48,8 +48,8 @@ from foundation.engine.data import seeded
 
 ATTENTION_SPAN = 4  # the attention rule judges the largest logit's growth over this many steps
 # ... read at every second step: half the cost, and on the ladders' logged series the same warnings
-# (replayed on the 100-step warm-up ladder: 14 of 16 blow-ups 20+ steps ahead, median 27 against 28
-# at every step, and 2 of 16 calm runs fired in); the rule judges a subset of its every-step comparisons
+# (the 100-step warm-up ladder, live: 14 of 16 blow-ups 20+ steps ahead, median 27 against 28 at every
+# step, and 2 of 16 calm runs fired in); the rule judges a subset of its every-step comparisons
 ATTENTION_EVERY = 2
 PROBE_SEED = 20_240_917  # the probe forward's RNG (masks a head may draw); restored after
 LOSS_STEPS = 3  # the loss rule judges the median of this many last training losses
@@ -346,7 +346,7 @@ class AttentionRule:
     over the last ``span`` steps (the guard's: ``ATTENTION_SPAN``): ln(L_t / L_{t-span}) / span > rate. Calibrated on the
     12-layer seq2seq ladders (benchmarks/attention_logits.py, docs/studies.md): at 0.2 it warns 20
     or more steps before 14 of the 16 mid-run blow-ups of the 100-step warm-up ladder (median lead
-    28) and fires in none of the tiny recipes at their own learning rates; it also
+    27) and fires in none of the tiny recipes at their own learning rates; it also
     fires in runs whose lr is too high to learn, where the attention sharpens and the loss stays on
     its plateau. An episode lasts until the logit is back at the level it grew from: a run whose
     attention went on sharpening, or stayed sharp and then blew up, is one warning.
