@@ -372,7 +372,8 @@ class AttentionRule:
             new = not self.firing
             if new:
                 self.firing, self.base = True, then
-            return {"step": step, "update": logit, "rate": growth, "level": then, "new_episode": new}
+            # "rate": what is judged against "level", as the other rules' records (the logit, span steps apart)
+            return {"step": step, "update": logit, "rate": logit, "level": then, "growth": growth, "new_episode": new}
         if self.firing and logit <= self.base:
             self.firing = False
         return None
@@ -549,11 +550,8 @@ class Stability:
         # "update": the signal's value (the model update, the loss, or the largest attention logit)
         # ratio: how far above its level the signal is (for the attention, the logit ATTENTION_SPAN
         # steps before); for a giveback, the share of the progress lost
-        if fired["signal"] == "giveback":
-            ratio = fired["rate"]
-        else:
-            ratio = (fired["update"] if fired["signal"] == "attention" else fired["rate"]) / fired["level"] \
-                if fired["level"] else float("nan")
+        ratio = fired["rate"] if fired["signal"] == "giveback" else (
+            fired["rate"] / fired["level"] if fired["level"] else float("nan"))
         action = {"step": step, "signal": fired["signal"], "update": fired["update"], "level": fired["level"],
                   "ratio": ratio}
         if self.cfg.mode == "warn":
