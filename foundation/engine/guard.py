@@ -421,14 +421,21 @@ class LossWatch:
             self.first = loss
         self.recent.append(loss)
 
-    def blown_up(self) -> Optional[str]:
+    def above(self) -> Optional[str]:
+        """What the recent loss is when it is above the limit now (None while it is not). Mid-run
+        the model is then no "last good" one: the loop neither checkpoints it nor keeps it as best."""
         if not self.factor or self.first is None or not self.recent:
             return None
         mean = sum(self.recent) / len(self.recent)
         if mean == mean and mean <= self.factor * self.first:
             return None
-        return (f"the training loss blew up and did not come back: {mean:.4g} over the last {len(self.recent)} "
-                f"steps against {self.first:.4g} at the first (train.explode_factor={self.factor:g})")
+        return (f"{mean:.4g} over the last {len(self.recent)} steps against {self.first:.4g} at the first "
+                f"(train.explode_factor={self.factor:g})")
+
+    def blown_up(self) -> Optional[str]:
+        """Said at the end of a run: the loss is above the limit and did not come back."""
+        above = self.above()
+        return None if above is None else f"the training loss blew up and did not come back: {above}"
 
     def state_dict(self) -> dict:
         return {"first": self.first, "recent": list(self.recent)}

@@ -25,7 +25,9 @@ The run directory belongs to one process at a time (``rundir.RunDir``, a lock). 
 resume reads before it writes: the config is compared with the run's (``rundir``), the
 weights and training state are loaded, and only then are config.yaml and the logs
 touched, so a refused resume changes nothing. Weights that are not finite are never
-written, as best/ or as a checkpoint: the run ends "diverged" instead.
+written, as best/ or as a checkpoint: the run ends "diverged" instead. Nor is a model whose
+training loss is blown up (above ``train.explode_factor`` x the first, ``guard.LossWatch``):
+mid-run it is evaluated but not saved, at the end the run ends "diverged".
 """
 from __future__ import annotations
 
@@ -374,7 +376,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
 
-    def evaluate(self, log: MetricsLog) -> None:
+    def evaluate(self, log: MetricsLog, keep_best: bool = True) -> None:
         use_ema = self.ema is not None and self.cfg.eval.ema
         with self.ema.applied(self.model) if use_ema else contextlib.nullcontext():
             self.metrics = evaluate(self.model, self.specs, self.cfg, self.env, self.eval_sets)
@@ -383,7 +385,8 @@ class Trainer:
             if value is None:
                 raise ConfigError(f"field 'eval.best': no metric {self.best_key!r}; the tasks report "
                                   f"{', '.join(self.metrics)}")
-            better = self.best_value is None or (value > self.best_value if self.best_higher else value < self.best_value)
+            better = keep_best and (self.best_value is None
+                                    or (value > self.best_value if self.best_higher else value < self.best_value))
             if better and math.isfinite(value) and nonfinite_tensors(self.model, self.env):
                 self.progress.write(f"step {self.step}: {self.best_key} {value:.4f} not kept as best: the "
                                     f"{'EMA ' if use_ema else ''}weights are not finite")
@@ -469,8 +472,15 @@ class Trainer:
                     return stop
                 if self.step >= cfg.train.steps and (why := self.losses.blown_up()) is not None:
                     return self._blown_up(why, log)  # before the last step's evaluation and save: no result, no best/
+                # mid-blow-up the model is no "last good" one: it is evaluated (on the record) but neither
+                # checkpointed (with save.keep the good checkpoint before it would go) nor kept as best
+                above = self.losses.above() if due_eval or due_save else None
+                if above is not None:
+                    self.progress.write(f"step {self.step}: the training loss is blown up ({above}): "
+                                        + ("not checkpointed, " if due_save else "") + "not kept as best")
+                    due_save = False
                 if due_eval:
-                    self.evaluate(log)
+                    self.evaluate(log, keep_best=above is None)
                     evaluated_at = self.step
                 if due_save:
                     self.save()  # (not in a run of skipped steps: checkpoints are "last good" ones)

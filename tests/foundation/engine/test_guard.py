@@ -114,6 +114,15 @@ def test_a_diverging_run_is_warned_about_ends_diverged_and_measuring_changes_not
     due = train(resolve(diverging(tmp_path / "due", "off", attention=0, eval={"every": 100}, save={"every": 100}))[0])
     assert due.status == "diverged" and due.metrics == {} and due.last_checkpoint is None and due.best_step is None
     assert not (due.run_dir / "best").exists() and not any((due.run_dir / "ckpt").glob("*"))
+    # evaluated and saved every 25 steps, one checkpoint kept: one taken mid-blow-up (steps 50, 75) would replace
+    # the good one, and become best/ where its metric reads better (token accuracy 0.100 at 75 against 0.075 at 25)
+    mid = train(resolve(diverging(tmp_path / "mid", "off", attention=0, save={"every": 25, "keep": 1},
+                                  eval={"every": 25, "best": "seq2seq/token_accuracy"}))[0])
+    assert mid.status == "diverged" and mid.best_step == 25
+    assert mid.last_checkpoint.name == "step_000025" and [p.name for p in (mid.run_dir / "ckpt").iterdir()] == ["step_000025"]
+    evals = {r["step"]: r for r in read_records(mid.run_dir) if "eval/seq2seq/loss" in r}
+    assert sorted(evals) == [25, 50, 75]  # on the record all the same
+    assert "step 50: the training loss is blown up" in capsys.readouterr().err
     warn = train(resolve(diverging(tmp_path, "warn"))[0])
     assert warn.status == "diverged"
     assert losses(warn.run_dir) == losses(off.run_dir)  # the measurement does not touch training
