@@ -409,14 +409,23 @@ class Snapshot:
 class LossWatch:
     """The run's first training loss and its recent ones: ``blown_up()`` says whether the loss,
     averaged over the last ``window`` steps, ends above ``factor`` x the first (the studies'
-    divergence rule, studies/verdict.py). Its state travels in the checkpoints."""
+    divergence rule, studies/verdict.py), each task phase against its own first loss. Its state
+    travels in the checkpoints."""
 
     def __init__(self, factor: float, steps: int):
         self.factor = factor
         self.first: Optional[float] = None
         self.recent: deque[float] = deque(maxlen=max(5, steps // 20))
+        self.phases: dict[str, float] = {}  # each task's last logged phase
 
-    def add(self, loss: float) -> None:
+    def add(self, loss: float, phase: tuple = ()) -> None:
+        """``phase``: the step's ``(<task>/phase, value)`` pairs. A task's new phase is a new objective
+        (the ASR head adds its transducer loss to CTC), judged against its own first loss as the
+        studies judge it (``studies.verdict.phase_starts``)."""
+        if any(self.phases.get(k, v) != v for k, v in phase):
+            self.first = None
+            self.recent.clear()
+        self.phases.update(phase)
         if self.first is None and loss == loss:
             self.first = loss
         self.recent.append(loss)
@@ -438,11 +447,12 @@ class LossWatch:
         return None if above is None else f"the training loss blew up and did not come back: {above}"
 
     def state_dict(self) -> dict:
-        return {"first": self.first, "recent": list(self.recent)}
+        return {"first": self.first, "recent": list(self.recent), "phases": dict(self.phases)}
 
     def load_state_dict(self, state: dict) -> None:
         self.first = state["first"]
         self.recent.extend(state["recent"])
+        self.phases = dict(state.get("phases", {}))
 
 
 class Stability:

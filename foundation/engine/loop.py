@@ -446,12 +446,12 @@ class Trainer:
             while self.step < end:
                 record = self.train_step()
                 finite = not record.get("skipped")
+                phase = tuple((k, record[k]) for k in sorted(record) if k.endswith("/phase"))
                 if finite:
-                    self.losses.add(record["loss"])
+                    self.losses.add(record["loss"], phase)
                 action: dict[str, Any] = {}
                 if self.stability is not None:
-                    kind = (tuple(k for k in record if k.startswith("loss/"))  # the tasks and their phases
-                            + tuple((k, record[k]) for k in sorted(record) if k.endswith("/phase")))
+                    kind = tuple(k for k in record if k.startswith("loss/")) + phase  # the tasks and their phases
                     measured, action = self.stability.after_step(self.step, record["lr"], finite, record["loss"], kind)
                     record.update(measured)
                     if action:

@@ -147,6 +147,19 @@ def test_verdict_rules(tmp_path, losses, evals, verdict, step):
     assert o.initial_loss == 2.0
 
 
+def test_a_run_the_engine_ended_for_a_blown_up_loss_diverged_where_the_blow_up_began(tmp_path):
+    run = tmp_path / "r"
+    _write_run(run, [2.0, 1.9, 3.0, 5.0, 6.0, 9.0, 9.0, 9.5], status="diverged")
+    message = ("training ended at step 8 diverged: the training loss blew up and did not come back: 7.7 over the "
+               "last 5 steps against 2 at the first (train.explode_factor=2); its last model was neither evaluated nor saved")
+    with (run / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 8, "event": "diverged", "what": "loss", "message": message}) + "\n")
+    (run / "status.json").write_text(json.dumps({"status": "diverged", "step": 8, "message": message}))
+    o = judge(RunSpec("r", "magneto", 0, 1e-3), run)
+    assert o.verdict == "diverged" and o.diverged_step == 4  # not the last step, where the engine ended it
+    assert o.reason.startswith("engine: the loss blew up and did not come back") and "non-finite" not in o.reason
+
+
 def test_spike_rule_can_be_switched_off(tmp_path):
     _write_run(tmp_path / "r", [2.0, 1.9, 3.0, 5.0, 6.0, 9.0, 9.0, 1.0])
     o = judge(RunSpec("r", "magneto", 0, 1e-3), tmp_path / "r", Rules(explode_factor=0))

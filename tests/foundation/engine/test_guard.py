@@ -12,7 +12,7 @@ import torch
 
 from foundation.config import ConfigError
 from foundation.engine.config import resolve
-from foundation.engine.guard import Guard, UpdateMonitor
+from foundation.engine.guard import Guard, LossWatch, UpdateMonitor
 from foundation.engine.loop import build_model, train
 
 from support import read_records
@@ -142,6 +142,26 @@ def test_a_diverging_run_is_warned_about_ends_diverged_and_measuring_changes_not
     quiet = train(resolve(diverging(tmp_path / "no-attention", "warn", attention=0))[0])  # the default
     assert losses(quiet.run_dir) == losses(off.run_dir)
     assert "attention" not in {r.get("signal") for r in read_records(quiet.run_dir) if r.get("event") == "guard"}
+
+
+def test_the_blow_up_rule_judges_a_new_phase_against_its_own_first_loss():
+    """The ASR head adds its transducer loss to CTC mid-run (``asr/phase`` 0 -> 1): the jump is a new
+    objective, as the studies judge it, not a blow-up; a blow-up inside the new phase still is one."""
+    ctc, both = (("asr/phase", 0.0),), (("asr/phase", 1.0),)
+    watch, plain = LossWatch(2.0, 100), LossWatch(2.0, 100)  # a window of 5 steps
+    for loss, phase in [(20.0, ctc), (14.0, ctc), (12.0, ctc), *[(v, both) for v in (60.0, 70.0, 55.0, 60.0, 58.0)]]:
+        watch.add(loss, phase)
+        plain.add(loss)
+    assert watch.above() is None and watch.blown_up() is None
+    assert plain.above() is not None  # 60.6 against the first CTC loss, 20
+    watch.add(9.0, ())  # a step of another task (train.mix) changes no phase
+    resumed = LossWatch(2.0, 100)
+    resumed.load_state_dict(watch.state_dict())
+    for w in (watch, resumed):
+        for _ in range(5):
+            w.add(130.0, both)
+        assert w.blown_up() == ("the training loss blew up and did not come back: 130 over the last 5 steps "
+                                "against 60 at the first (train.explode_factor=2)")
 
 
 def test_recover_rolls_back_lowers_the_lr_and_finishes(tmp_path):
