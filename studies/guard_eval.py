@@ -5,6 +5,7 @@ cries wolf, on the runs of a stability study that measured the model update.
     foundation compare guard runs/guard                    # the guard's defaults, replayed on every run
     foundation compare guard runs/guard --search           # + every (factor, window, warmup) of a grid
     foundation compare guard runs/guard --search --signal grad_norm   # the same rule on another logged series
+    foundation compare guard runs/guard --signal attention/logit_max   # the attention rule (guard.attention=0.2)
 
 The guard's rule (``foundation.engine.guard.Guard``: the update per unit of learning rate against
 ``factor`` x the median of the last ``window`` healthy measurements, after ``warmup`` of them;
@@ -12,7 +13,9 @@ and, as the engine does, the training loss against ``loss_factor`` x its own rec
 replayed offline on each run's logged ``update/output`` series, taking every ``every``-th
 measured step (the loss at every measured step), so one study measured densely judges any
 setting. ``--loss-factor 0`` replays the update rule alone; another ``--signal`` is judged
-alone. A run's verdict is the stability study's own (``studies.verdict``: diverged at step N,
+alone. ``--signal attention/logit_max`` replays the guard's attention rule instead
+(``AttentionRule``: the largest attention logit's growth, ln(L_t / L_{t-span}) / span, above
+``--rate``) on the logits the guard logged (a study run with ``guard.attention=0.2``). A run's verdict is the stability study's own (``studies.verdict``: diverged at step N,
 converged, not converged):
 
 * **lead**: for a run that diverged, its onset N (the first non-finite step, or where its loss
@@ -37,14 +40,18 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from foundation.engine.config import GuardConfig
-from foundation.engine.guard import Guard, LossRule
+from foundation.engine.guard import ATTENTION_EVERY, ATTENTION_SPAN, AttentionRule, Guard, LossRule
 from studies.runs import read_records, train_losses
 from studies.verdict import loss_spike, phase_starts
 
 # the series the rule can be replayed on (--signal): the guard's own, the largest per-block weight update
 # (both per unit of the peak lr, as the guard judges them), the gradient norm and the loss (as logged),
 # each at the steps the guard measured
-SIGNALS = {"update/output": True, "update/weights_max": True, "grad_norm": False, "loss": False}
+SIGNALS = {"update/output": True, "update/weights_max": True, "grad_norm": False, "loss": False,
+           "attention/logit_max": False}
+ATTENTION = "attention/logit_max"  # judged by the attention rule, at the steps the guard read it (its own schedule)
+ATTENTION_RATE = 0.2  # the calibrated guard.attention
+RATES, SPANS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4), (2, 4, 8, 16)  # the attention rule's grid (--search)
 LEAD_BAR, WARNED_BAR, FALSE_ALARM_BAR = 20, 0.8, 0.05  # issue bars: >= 20 steps ahead in >= 80 %, <= 5 % false
 FACTORS, WINDOWS, WARMUPS, EVERY = (2.0, 3.0, 4.0, 6.0, 8.0), (10, 20, 40), (3, 5, 10), (2, 5, 10)
 
@@ -56,8 +63,12 @@ class Setting:
     warmup: int
     every: int
     loss_factor: float = 0.0  # the engine's second trigger (guard.loss_factor); 0: the signal alone
+    rate: float = 0.0  # > 0: the attention rule at this growth rate over ``span`` steps (factor, window, warmup unused)
+    span: int = ATTENTION_SPAN
 
     def text(self) -> str:
+        if self.rate:
+            return f"rate {self.rate:g}, span {self.span}, every {self.every}"
         loss = f", loss factor {self.loss_factor:g}" if self.loss_factor else ""
         return f"factor {self.factor:g}, window {self.window}, warmup {self.warmup}, every {self.every}{loss}"
 
@@ -83,8 +94,10 @@ def measured(run_dir: str | Path, signal: str = "update/output") -> tuple[list[i
     """(steps, signal, lr) at the run's guard measurements, in step order; lr 0 for a signal judged
     as logged (``Guard`` then takes the value itself)."""
     per_lr = SIGNALS[signal]
+    at_guard_step = signal != ATTENTION  # the attention rule reads on its own schedule (ATTENTION_EVERY)
     rows = sorted({int(r["step"]): (float(r[signal]), float(r.get("lr", 0.0)) if per_lr else 0.0)
-                   for r in read_records(run_dir) if "update/output" in r and signal in r and "event" not in r}.items())
+                   for r in read_records(run_dir)
+                   if ("update/output" in r or not at_guard_step) and signal in r and "event" not in r}.items())
     return [s for s, _ in rows], [u for _, (u, _) in rows], [lr for _, (_, lr) in rows]
 
 
@@ -104,7 +117,12 @@ def onset(run_dir: str | Path, fallback: Optional[int], explode_factor: float = 
 
 def first_firing(run: RunSeries, setting: Setting) -> Optional[int]:
     """The step at which ``Guard`` with ``setting`` first fires on the run's series (or, with a
-    loss factor, the loss rule on its losses, whichever is first)."""
+    loss factor, the loss rule on its losses, whichever is first); with a ``rate``, the attention
+    rule on the run's logits."""
+    if setting.rate:
+        rule = AttentionRule(setting.rate, setting.span)
+        return next((step for step, logit in zip(run.steps, run.updates)
+                     if step % setting.every == 0 and rule.check(step, logit) is not None), None)
     guard = Guard(setting.factor, setting.window, setting.warmup)
     loss_rule = LossRule(setting.loss_factor, setting.window, setting.warmup) if setting.loss_factor else None
     losses = run.losses or [float("nan")] * len(run.steps)
@@ -139,8 +157,9 @@ def load_study(out: Path, signal: str = "update/output") -> list[RunSeries]:
         runs.append(RunSeries(task, o["norm"], o["lr"], o["seed"], o["verdict"], at, steps, updates, lrs,
                               o["run_dir"], measured(o["run_dir"], "loss")[1]))
     if not runs:
-        raise SystemExit(f"foundation compare guard: no run under {out} logged update/output: run the study with "
-                         "guard.mode=warn (and guard.every=2 for a dense series)")
+        how = "guard.mode=warn guard.attention=0.2" if signal == ATTENTION else \
+            "guard.mode=warn (and guard.every=2 for a dense series)"
+        raise SystemExit(f"foundation compare guard: no run under {out} logged {signal}: run the study with {how}")
     return runs
 
 
@@ -189,10 +208,15 @@ def table(runs: Sequence[RunSeries], setting: Setting) -> list[str]:
     return rows
 
 
-def search(runs: Sequence[RunSeries], loss_factor: float = 0.0) -> list[tuple[Setting, dict]]:
-    """Every setting of the grid, those passing the bars first, then by early warnings and false alarms."""
-    scored = [(Setting(f, w, u, e, loss_factor), score(runs, Setting(f, w, u, e, loss_factor)))
-              for f, w, u, e in itertools.product(FACTORS, WINDOWS, WARMUPS, EVERY) if u <= w]
+def search(runs: Sequence[RunSeries], loss_factor: float = 0.0, attention: bool = False) -> list[tuple[Setting, dict]]:
+    """Every setting of the grid (the attention rule's: rates x spans, read every 2 or 4 steps), those
+    passing the bars first, then by early warnings and false alarms."""
+    d = GuardConfig()
+    settings = ([Setting(d.factor, d.window, d.warmup, e, rate=r, span=n)
+                 for r, n, e in itertools.product(RATES, SPANS, (2, 4))] if attention else
+                [Setting(f, w, u, e, loss_factor) for f, w, u, e in itertools.product(FACTORS, WINDOWS, WARMUPS, EVERY)
+                 if u <= w])
+    scored = [(setting, score(runs, setting)) for setting in settings]
     return sorted(scored, key=lambda x: (not passes(x[1]), -(x[1]["warned_early_share"] or 0),
                                          x[1]["false_alarm_share"] or 0, x[0].every, x[0].warmup))
 
@@ -216,7 +240,7 @@ def plot(runs: Sequence[RunSeries], setting: Setting, path: Path, signal: str = 
     fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 3.6), squeeze=False)
     for ax, (task, pick) in zip(axes[0], pairs):
         for run, colour in zip(pick, ("tab:red", "tab:blue")):
-            rates = [u / lr if lr > 0 else u for u, lr in zip(run.updates, run.lrs)]
+            rates = [u / lr if lr > 0 else u for u, lr in zip(run.updates, run.lrs)]  # lr 0: as logged
             label = f"{run.norm} lr {run.lr:g}: " + (f"diverged at {run.diverged_step}" if run.verdict == "diverged"
                                                      else run.verdict)
             ax.plot(run.steps, rates, color=colour, label=label)
@@ -243,27 +267,42 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--factor", type=float, default=d.factor)
     p.add_argument("--window", type=int, default=d.window)
     p.add_argument("--warmup", type=int, default=d.warmup)
-    p.add_argument("--every", type=int, default=d.every)
+    p.add_argument("--every", type=int, default=None,
+                   help=f"judge every N-th step's measurement (default: as the guard reads, guard.every={d.every}; "
+                        f"the attention rule every {ATTENTION_EVERY})")
     p.add_argument("--loss-factor", type=float, default=d.loss_factor,
                    help="the loss rule beside the update's, as the engine's guard.loss_factor (0: the update alone; "
                         "another --signal is always judged alone)")
-    p.add_argument("--search", action="store_true", help="also score every setting of a grid of the four")
+    p.add_argument("--rate", type=float, default=ATTENTION_RATE,
+                   help=f"with --signal {ATTENTION}: the attention rule's growth rate a step (guard.attention)")
+    p.add_argument("--span", type=int, default=ATTENTION_SPAN,
+                   help=f"with --signal {ATTENTION}: the steps its growth is measured over")
+    p.add_argument("--search", action="store_true", help="also score every setting of a grid of the four "
+                   "(of rate, span and every for the attention rule)")
     p.add_argument("--signal", choices=list(SIGNALS), default="update/output",
                    help="the logged series the rule judges (default the guard's, update/output); another writes "
                         "OUT/guard-<signal>.md, .json, .png")
     a = p.parse_args(argv)
-    if min(a.window, a.every) < 1 or a.warmup < 0 or a.factor <= 1 or not (a.loss_factor == 0 or a.loss_factor > 1):
-        print("foundation compare guard: error: --window and --every must be >= 1, --warmup >= 0, --factor > 1, "
-              "--loss-factor 0 or > 1", file=sys.stderr)
+    attention = a.signal == ATTENTION
+    if a.every is None:
+        a.every = ATTENTION_EVERY if attention else d.every
+    if (min(a.window, a.every, a.span) < 1 or a.warmup < 0 or a.factor <= 1 or a.rate <= 0
+            or not (a.loss_factor == 0 or a.loss_factor > 1)):
+        print("foundation compare guard: error: --window, --every and --span must be >= 1, --warmup >= 0, "
+              "--factor > 1, --rate > 0, --loss-factor 0 or > 1", file=sys.stderr)
         return 2
     runs = load_study(a.out, a.signal)
     stem = "guard" if a.signal == "update/output" else "guard-" + a.signal.replace("/", "_")
     loss_factor = a.loss_factor if a.signal == "update/output" else 0.0
-    setting = Setting(a.factor, a.window, a.warmup, a.every, loss_factor)
+    setting = Setting(a.factor, a.window, a.warmup, a.every, loss_factor,
+                      rate=a.rate if attention else 0.0, span=a.span)
     coarsest = max(min(b - a_ for a_, b in zip(r.steps, r.steps[1:])) if len(r.steps) > 1 else 1 for r in runs)
+    what = "the largest attention logit" if attention else "the model update"
+    rule = ("the attention rule (`guard.attention`) judges its growth rate, ln(L_t / L_{t-span}) / span, against "
+            "the rate" if attention else f"the rule judges `{a.signal}`")
     parts = ["# The stability guard on the stability study's runs", "",
-             f"`foundation compare guard {' '.join(argv)}`: {len(runs)} runs that logged the model update "
-             f"(measured every {coarsest} steps or closer); the rule judges `{a.signal}`"
+             f"`foundation compare guard {' '.join(argv)}`: {len(runs)} runs that logged {what} "
+             f"(measured every {coarsest} steps or closer); {rule}"
              f"{' per unit of the peak lr' if SIGNALS[a.signal] else ''}"
              f"{f', and the training loss (loss factor {loss_factor:g})' if loss_factor else ''}. Diverged / converged: the stability study's verdict. "
              f"Bars: warned at least {LEAD_BAR} steps ahead in at least {100 * WARNED_BAR:.0f} % of the diverged runs; "
@@ -271,7 +310,7 @@ def main(argv: Sequence[str]) -> int:
              f"## The setting asked for ({setting.text()})", "", *table(runs, setting), ""]
     result = {"setting": setting.__dict__, "score": score(runs, setting)}
     if a.search:
-        ranked = search(runs, loss_factor)
+        ranked = search(runs, loss_factor, attention)
         parts += ["## Every setting of the grid (the ten best)", "",
                   "| setting | warned >= 20 ahead | median lead | false alarms | passes |", "|---|---:|---:|---:|---|"]
         for s, sc in ranked[:10]:

@@ -123,3 +123,42 @@ def test_the_loss_rule_is_replayed_beside_the_update_as_the_engine_has_it(tmp_pa
     assert "| **all** |  | 1 | 0 (0 %) | - | 1 |" in (out / "guard.md").read_text()
     assert guard_eval.main([str(out)]) == 0  # the engine's default: loss factor 3
     assert "loss factor 3" in (out / "guard.md").read_text()
+
+
+def test_the_attention_rule_replays_on_the_logits_the_guard_logged(tmp_path, capsys):
+    import math
+
+    import pytest
+
+    def logits(grows_from: int | None = None, rate: float = 0.0) -> dict[int, float]:
+        return {s: 5.0 * math.exp(rate * max(0, s - grows_from)) if grows_from else 5.0 for s in range(2, 101, 2)}
+
+    out = tmp_path / "study"
+    records = []
+    for name, verdict, at, series in [
+        ("preln_lr3_seed0", "diverged", 60, logits(20, 0.3)),  # the rule fires at step 24: 36 ahead
+        ("preln_lr1_seed0", "diverged", 40, logits(30, 0.3)),  # at 34: 6 ahead, too late for the bar
+        ("preln_lr0.01_seed0", "converged", None, logits(10, 0.1)),  # sharpening slowly: quiet at 0.2, not at 0.05
+        ("magneto_lr0.01_seed0", "converged", None, logits()),
+    ]:
+        run = out / "seq2seq" / "12L" / "runs" / name
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(  # as the guard logs it: no update/output at these steps
+            json.dumps({"step": s, "time": 0.0, "loss": 1.0, "lr": 0.01, "attention/logit_max": v}) + "\n"
+            for s, v in series.items()))
+        records.append({"name": name, "norm": name.split("_")[0], "seed": 0, "lr": 0.01, "verdict": verdict,
+                        "diverged_step": at, "run_dir": str(run)})
+    (out / "results.json").write_text(json.dumps({"tasks": [], "runs": records}))
+    runs = guard_eval.load_study(out, guard_eval.ATTENTION)
+    assert len(runs) == 4 and all(len(r.steps) == 50 for r in runs)
+    s = guard_eval.score(runs, guard_eval.Setting(4.0, 20, 5, 2, rate=0.2, span=4))
+    assert (s["diverged"], s["warned_early"], s["median_lead"], s["false_alarms"]) == (2, 1, 21.0, 0)
+    assert guard_eval.score(runs, guard_eval.Setting(4.0, 20, 5, 2, rate=0.05, span=4))["false_alarms"] == 1
+    assert guard_eval.main([str(out), "--signal", guard_eval.ATTENTION, "--search"]) == 0
+    text = (out / "guard-attention_logit_max.md").read_text()
+    assert "## The setting asked for (rate 0.2, span 4, every 2)" in text and "largest attention logit" in text
+    assert "| seq2seq | preln | 2 | 1 (50 %) | 21 | 0 | 1 | 0 (0 %) |" in text
+    assert (out / "guard-attention_logit_max.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="logged update/output"):  # the update rule: nothing logged for it
+        guard_eval.load_study(out)
+    assert guard_eval.main([str(out), "--signal", guard_eval.ATTENTION, "--rate", "0"]) == 2
