@@ -430,6 +430,11 @@ class LossWatch:
             self.first = loss
         self.recent.append(loss)
 
+    def rolled_back(self) -> None:
+        """The recent losses are of weights the guard's ``recover`` just discarded: forget them (one
+        spike of 1e4 would otherwise hold a 70-step window above the limit after a good rollback)."""
+        self.recent.clear()
+
     def above(self) -> Optional[str]:
         """What the recent loss is when it is above the limit now (None while it is not). Mid-run
         the model is then no "last good" one: the loop neither checkpoints it nor keeps it as best."""

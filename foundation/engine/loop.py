@@ -456,6 +456,8 @@ class Trainer:
                     record.update(measured)
                     if action:
                         self._guard(action, log)
+                    if action.get("action") == "recover":
+                        self.losses.rolled_back()
                 if not finite and action.get("action") != "recover":
                     stop = self._nonfinite(record, log)
                     if stop is not None:

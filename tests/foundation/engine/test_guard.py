@@ -164,6 +164,25 @@ def test_the_blow_up_rule_judges_a_new_phase_against_its_own_first_loss():
                                 "against 60 at the first (train.explode_factor=2)")
 
 
+def test_the_blow_up_rule_forgets_the_losses_of_steps_rolled_back(tmp_path):
+    # the loss rule alone (the update rule's factor out of reach) rolls back at step 44 to the step-30 snapshot,
+    # two steps before the end: the losses 42-44 (6.2, 13.6, 11.4) belong to weights no longer there
+    cfg = diverging(tmp_path, "recover", attention=0, factor=1000.0, snapshot_every=10)
+    cfg["train"]["steps"] = 46
+    result = train(resolve(cfg)[0])
+    assert result.status == "finished" and max(losses(result.run_dir)[-2:]) < 2.6  # was "diverged": 7.18 over 5 steps
+    actions = json.loads((result.run_dir / "status.json").read_text())["guard"]["actions"]
+    assert [(a["step"], a["signal"], a["rolled_back_to"]) for a in actions] == [(44, "loss", 30)]
+    watch = LossWatch(2.0, 1400)  # a window of 70 steps, as the tiny ASR recipe's
+    for _ in range(60):
+        watch.add(2.0)
+    watch.add(1e4)  # one spike: the loss rule's recover rolls back to a good snapshot
+    assert watch.above() is not None
+    watch.rolled_back()
+    watch.add(2.1)
+    assert watch.above() is None and watch.first == 2.0
+
+
 def test_recover_rolls_back_lowers_the_lr_and_finishes(tmp_path):
     result = train(resolve(diverging(tmp_path, "recover"))[0])
     assert result.status == "finished"
