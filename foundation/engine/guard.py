@@ -391,14 +391,19 @@ class Snapshot:
         self.step: Optional[int] = None
         self.model: dict[str, torch.Tensor] = {}
         self.optimizer: dict[str, Any] = {}
+        self.ema: Optional[dict[str, torch.Tensor]] = None
 
-    def take(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def take(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, ema=None) -> None:
         self.step = step
         self.model = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.optimizer = copy.deepcopy(optimizer.state_dict())
+        # the weights' EMA (train.ema) is training state too: left alone it would keep the steps rolled back
+        self.ema = {k: v.clone() for k, v in ema.state_dict().items()} if ema is not None else None
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer, ema=None) -> None:
         model.load_state_dict(self.model)
+        if ema is not None and self.ema is not None:
+            ema.load_state_dict(self.ema)
         # the learning rates stay the current ones (the caller lowers them): only the moments go back
         lrs = [g["lr"] for g in optimizer.param_groups]
         optimizer.load_state_dict(copy.deepcopy(self.optimizer))
@@ -465,8 +470,8 @@ class Stability:
     ``after_step(step, lr, finite)`` after each optimizer step -> (metrics, action). An action
     (a dict, empty when none) is a warning or a recovery, for the metrics stream and status.json."""
 
-    def __init__(self, cfg, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, all_reduce):
-        self.cfg, self.model, self.optimizer, self.scheduler = cfg, model, optimizer, scheduler
+    def __init__(self, cfg, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler, all_reduce, ema=None):
+        self.cfg, self.model, self.optimizer, self.scheduler, self.ema = cfg, model, optimizer, scheduler, ema
         self.all_reduce = all_reduce
         self.monitor: Optional[UpdateMonitor] = None
         self.guard = Guard(cfg.factor, cfg.window, cfg.warmup)
@@ -496,7 +501,7 @@ class Stability:
         self._watch_attention(step + 1)
         if self.cfg.mode == "recover":
             snap = Snapshot()
-            snap.take(step, self.model, self.optimizer)
+            snap.take(step, self.model, self.optimizer, self.ema)
             self.snapshots.append(snap)
 
     @property
@@ -559,7 +564,7 @@ class Stability:
             reuse = len(self.snapshots) == self.snapshots.maxlen and (
                 self.best_snapshot is None or self.snapshots[0] is not self.best_snapshot[1])
             snap = self.snapshots[0] if reuse else Snapshot()
-            snap.take(step, self.model, self.optimizer)
+            snap.take(step, self.model, self.optimizer, self.ema)
             self.snapshots.append(snap)
             rule = self.giveback_rules.get(kind)
             if rule is not None and rule.at_best:
@@ -584,7 +589,7 @@ class Stability:
         snap = self.snapshots[0]
         if fired["signal"] == "giveback" and self.best_snapshot is not None and self.best_snapshot[0] == fired["kind"]:
             snap = self.best_snapshot[1]
-        snap.restore(self.model, self.optimizer)
+        snap.restore(self.model, self.optimizer, self.ema)
         sched = self.scheduler
         for i, group in enumerate(self.optimizer.param_groups):
             sched.base_lrs[i] *= self.cfg.lr_backoff

@@ -134,8 +134,8 @@ class Trainer:
         if cfg.guard.mode != "off" and cfg.train.strategy == "fsdp" and env.distributed:
             raise ConfigError("field 'guard.mode': the stability guard is not supported with train.strategy=fsdp")
         self.losses = LossWatch(cfg.train.explode_factor, cfg.train.steps)
-        self.stability = (Stability(cfg.guard, self.model, self.optimizer, self.scheduler, distributed.all_reduce)
-                          if cfg.guard.mode != "off" else None)
+        self.stability = (Stability(cfg.guard, self.model, self.optimizer, self.scheduler, distributed.all_reduce,
+                                    self.ema) if cfg.guard.mode != "off" else None)
         self.streams = {
             s.id: TaskStream(self.model.tasks[s.id].train_dataset(), self.model.tasks[s.id].collate,
                              batch_size=s.batch_size or cfg.train.batch_size, rank=env.rank, world=env.world,

@@ -183,6 +183,33 @@ def test_the_blow_up_rule_forgets_the_losses_of_steps_rolled_back(tmp_path):
     assert watch.above() is None and watch.first == 2.0
 
 
+def test_recover_rolls_the_weights_ema_back_with_the_model(tmp_path, monkeypatch):
+    """train.ema is training state too: after the rollback at step 44 to the step-30 snapshot, the EMA
+    goes on from its step-30 value, not from one that averaged the blown-up weights of steps 31-44."""
+    from foundation.engine import loop
+
+    decay, seen = 0.99, {}
+    original = loop.Trainer.train_step
+
+    def step(trainer):
+        record = original(trainer)
+        if trainer.step in (30, 45):
+            seen[trainer.step] = ({k: v.clone() for k, v in trainer.ema.shadow.items()},
+                                  {k: v.detach().clone() for k, v in trainer.model.state_dict().items()})
+        return record
+
+    monkeypatch.setattr(loop.Trainer, "train_step", step)
+    cfg = diverging(tmp_path, "recover", attention=0, factor=1000.0, snapshot_every=10)
+    cfg["train"].update(steps=46, ema=decay)
+    result = train(resolve(cfg)[0])
+    actions = json.loads((result.run_dir / "status.json").read_text())["guard"]["actions"]
+    assert [(a["step"], a["rolled_back_to"]) for a in actions] == [(44, 30)]
+    (ema30, _), (ema45, weights45) = seen[30], seen[45]
+    for k, v in ema45.items():
+        if v.is_floating_point():  # one EMA update from the restored average: ema30 + (1 - decay) (w45 - ema30)
+            torch.testing.assert_close(v, ema30[k].lerp(weights45[k], 1 - decay), rtol=1e-5, atol=1e-6)
+
+
 def test_recover_rolls_back_lowers_the_lr_and_finishes(tmp_path):
     result = train(resolve(diverging(tmp_path, "recover"))[0])
     assert result.status == "finished"
