@@ -155,11 +155,12 @@ def judge(spec: RunSpec, run_dir: Path, rules: Rules = Rules(), failure: str = "
         out.diverged_step = int(event["step"]) if event is not None else int(status["step"])
         message = status["message"] if status else (event or {}).get("message", "")
         # a loss that blew up and did not come back ends the run at its last step: the onset is the spike's
-        spike = loss_spike(steps, losses, explode_factor or 2.0, phase_starts(records)) if "blew up" in message else None
+        factor = explode_factor or 2.0
+        spike = loss_spike(steps, losses, factor, phase_starts(records)) if "blew up" in message else None
         if spike is not None:
             out.diverged_step = spike[0]
-            out.reason = (f"engine: the loss blew up and did not come back (mean over {spike[1]} steps {spike[2]:.3g} > "
-                          f"{explode_factor or 2.0:g} x first loss {spike[3]:.3g} from step {spike[0]})")
+            out.reason = (f"engine: the loss blew up and did not come back (mean over {spike[1]} steps "
+                          f"{spike[2]:.3g} > {factor:g} x first loss {spike[3]:.3g} from step {spike[0]})")
             return out
         what = (event or {}).get("what", "loss or gradients")
         out.reason = f"engine: non-finite {what}, {message}".strip()

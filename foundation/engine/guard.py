@@ -411,60 +411,6 @@ class Snapshot:
             g["lr"] = lr
 
 
-class LossWatch:
-    """The run's first training loss and its recent ones: ``blown_up()`` says whether the loss,
-    averaged over the last ``window`` steps, ends above ``factor`` x the first (the studies'
-    divergence rule, studies/verdict.py), each task phase against its own first loss. Its state
-    travels in the checkpoints."""
-
-    def __init__(self, factor: float, steps: int):
-        self.factor = factor
-        self.first: Optional[float] = None
-        self.recent: deque[float] = deque(maxlen=max(5, steps // 20))
-        self.phases: dict[str, float] = {}  # each task's last logged phase
-
-    def add(self, loss: float, phase: tuple = ()) -> None:
-        """``phase``: the step's ``(<task>/phase, value)`` pairs. A task's new phase is a new objective
-        (the ASR head adds its transducer loss to CTC), judged against its own first loss as the
-        studies judge it (``studies.verdict.phase_starts``)."""
-        if any(self.phases.get(k, v) != v for k, v in phase):
-            self.first = None
-            self.recent.clear()
-        self.phases.update(phase)
-        if self.first is None and loss == loss:
-            self.first = loss
-        self.recent.append(loss)
-
-    def rolled_back(self) -> None:
-        """The recent losses are of weights the guard's ``recover`` just discarded: forget them (one
-        spike of 1e4 would otherwise hold a 70-step window above the limit after a good rollback)."""
-        self.recent.clear()
-
-    def above(self) -> Optional[str]:
-        """What the recent loss is when it is above the limit now (None while it is not). Mid-run
-        the model is then no "last good" one: the loop neither checkpoints it nor keeps it as best."""
-        if not self.factor or self.first is None or not self.recent:
-            return None
-        mean = sum(self.recent) / len(self.recent)
-        if mean == mean and mean <= self.factor * self.first:
-            return None
-        return (f"{mean:.4g} over the last {len(self.recent)} steps against {self.first:.4g} at the first "
-                f"(train.explode_factor={self.factor:g})")
-
-    def blown_up(self) -> Optional[str]:
-        """Said at the end of a run: the loss is above the limit and did not come back."""
-        above = self.above()
-        return None if above is None else f"the training loss blew up and did not come back: {above}"
-
-    def state_dict(self) -> dict:
-        return {"first": self.first, "recent": list(self.recent), "phases": dict(self.phases)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.first = state["first"]
-        self.recent.extend(state["recent"])
-        self.phases = dict(state.get("phases", {}))
-
-
 class Stability:
     """What the trainer calls: ``start(model, task_id, batch)`` before the first step's forward,
     ``after_step(step, lr, finite)`` after each optimizer step -> (metrics, action). An action
@@ -621,3 +567,26 @@ class Stability:
 
     def load_state_dict(self, state: dict) -> None:
         self.recoveries, self.actions = int(state["recoveries"]), list(state["actions"])
+
+
+def describe(action: dict[str, Any], step: int, max_recoveries: int) -> str:
+    """The one line a warning (once an episode) or a recovery prints."""
+    signal = action["signal"]
+    if signal == "giveback":
+        jumped = (f"the training loss climbed back to {action['update']:.4g} from its best {action['level']:.4g}, "
+                  f"losing {action['ratio']:.0%} of its progress")
+    elif signal == "attention":
+        jumped = (f"the largest attention logit grew {action['ratio']:.1f}x in {ATTENTION_SPAN} steps, "
+                  f"from {action['level']:.3g} to {action['update']:.3g}")
+    else:
+        what = "the training loss" if signal == "loss" else "the model update"
+        jumped = f"{what} jumped to {action['ratio']:.1f}x its recent level"
+    if action["action"] == "recover":
+        return (f"guard: step {step}: {jumped}; rolled back to step {action['rolled_back_to']}, learning rate "
+                f"x{action['lr_scale']:g} from now "
+                f"(recovery {action['recoveries']} of guard.max_recoveries={max_recoveries})")
+    value = "" if signal in ("giveback", "attention") else (
+        f" ({action['update']:.4g})" if signal == "loss" else f" ({action['update']:.3g} a step)")
+    may = {"giveback": "losing what it learnt", "attention": "sharpening its attention as runs about to blow up do"}
+    return (f"guard: step {step}: {jumped}{value}; the run may be {may.get(signal, 'diverging')}"
+            + (f" ({action['why']})" if "why" in action else " (guard.mode=recover rolls back)"))

@@ -26,7 +26,7 @@ resume reads before it writes: the config is compared with the run's (``rundir``
 weights and training state are loaded, and only then are config.yaml and the logs
 touched, so a refused resume changes nothing. Weights that are not finite are never
 written, as best/ or as a checkpoint: the run ends "diverged" instead. Nor is a model whose
-training loss is blown up (above ``train.explode_factor`` x the first, ``guard.LossWatch``):
+training loss is blown up (above ``train.explode_factor`` x the first, ``blowup.LossWatch``):
 mid-run it is evaluated but not saved, at the end the run ends "diverged".
 """
 from __future__ import annotations
@@ -54,7 +54,8 @@ from foundation.engine.data import TaskStream, step_plan, to_device
 from foundation.engine.distributed import Env
 from foundation.engine.evaluation import autocast, evaluate, next_batch
 from foundation.engine.failure import one_line
-from foundation.engine.guard import ATTENTION_SPAN, LossWatch, Stability
+from foundation.engine.blowup import LossWatch
+from foundation.engine.guard import Stability, describe
 from foundation.engine.metrics_log import MetricsLog, Progress
 from foundation.engine.init import check_init_from, load_init_from
 from foundation.engine.model import ModelConfig, MultiTaskModel
@@ -516,27 +517,7 @@ class Trainer:
 
     def _guard(self, action: dict[str, Any], log: MetricsLog) -> None:
         """One line and one ``guard`` event per warning (once an episode) or recovery."""
-        what = "the training loss" if action["signal"] == "loss" else "the model update"
-        if action["signal"] == "giveback":
-            jumped = (f"the training loss climbed back to {action['update']:.4g} from its best {action['level']:.4g}, "
-                      f"losing {action['ratio']:.0%} of its progress")
-        elif action["signal"] == "attention":
-            jumped = (f"the largest attention logit grew {action['ratio']:.1f}x in {ATTENTION_SPAN} steps, "
-                      f"from {action['level']:.3g} to {action['update']:.3g}")
-        else:
-            jumped = f"{what} jumped to {action['ratio']:.1f}x its recent level"
-        if action["action"] == "recover":
-            line = (f"guard: step {self.step}: {jumped}; "
-                    f"rolled back to step {action['rolled_back_to']}, learning rate x{action['lr_scale']:g} from now "
-                    f"(recovery {action['recoveries']} of guard.max_recoveries={self.cfg.guard.max_recoveries})")
-        else:
-            value = "" if action["signal"] in ("giveback", "attention") else (
-                f" ({action['update']:.4g})" if action["signal"] == "loss" else f" ({action['update']:.3g} a step)")
-            line = (f"guard: step {self.step}: {jumped}{value}; the run may be "
-                    + {"giveback": "losing what it learnt",
-                       "attention": "sharpening its attention as runs about to blow up do"}.get(
-                        action["signal"], "diverging")
-                    + (f" ({action['why']})" if "why" in action else " (guard.mode=recover rolls back)"))
+        line = describe(action, self.step, self.cfg.guard.max_recoveries)
         self.progress.write(line)
         log.event(self.step, "guard", task=None, **{k: v for k, v in action.items() if k != "step"})
 

@@ -12,7 +12,8 @@ import torch
 
 from foundation.config import ConfigError
 from foundation.engine.config import resolve
-from foundation.engine.guard import Guard, LossWatch, UpdateMonitor
+from foundation.engine.blowup import LossWatch
+from foundation.engine.guard import Guard, UpdateMonitor
 from foundation.engine.loop import build_model, train
 
 from support import read_records
