@@ -239,7 +239,8 @@ def plot(runs: Sequence[RunSeries], setting: Setting, path: Path, signal: str = 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(pairs), figsize=(5 * len(pairs), 3.6), squeeze=False)
     for ax, (task, pick) in zip(axes[0], pairs):
-        for run, colour in zip(pick, ("tab:red", "tab:blue")):
+        for run in pick:
+            colour = "tab:red" if run.verdict == "diverged" else "tab:blue"
             rates = [u / lr if lr > 0 else u for u, lr in zip(run.updates, run.lrs)]  # lr 0: as logged
             label = f"{run.norm} lr {run.lr:g}: " + (f"diverged at {run.diverged_step}" if run.verdict == "diverged"
                                                      else run.verdict)
