@@ -15,7 +15,8 @@ measured step (the loss at every measured step), so one study measured densely j
 setting. ``--loss-factor 0`` replays the update rule alone; another ``--signal`` is judged
 alone. ``--signal attention/logit_max`` replays the guard's attention rule instead
 (``AttentionRule``: the largest attention logit's growth, ln(L_t / L_{t-span}) / span, above
-``--rate``) on the logits the guard logged (a study run with ``guard.attention=0.2``). A run's verdict is the stability study's own (``studies.verdict``: diverged at step N,
+``--rate``) on the logits the guard logged (a study run with ``guard.attention=0.2``). A run's
+verdict is the stability study's own (``studies.verdict``: diverged at step N,
 converged, not converged):
 
 * **lead**: for a run that diverged, its onset N (the first non-finite step, or where its loss
