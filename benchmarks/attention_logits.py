@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from rerun import check_runs, parser, rerun_config  # noqa: E402
 
-RATES, SPANS = (0.1, 0.15, 0.2, 0.25, 0.3, 0.4), (2, 4, 8, 16)
+from studies.guard_eval import RATES, SPANS  # noqa: E402  (the study's grid: one grid for both)
 
 
 def measure_run(run_dir: Path, out: Path, overrides: list[str]) -> tuple[list[dict], str]:
