@@ -25,7 +25,9 @@ plain loops between two stamps; for ours the difference of two ``foundation trai
 logging, the guard when on; start-up, the first epoch's image decoding and the final
 evaluation cancel). The breakdown of ours times the pieces alone on one batch: the data (the
 next batch of the training stream), and forward + backward + AdamW of the same model. Ratios
-are ours / plain; the runs alternate.
+are ours / plain; the runs alternate. The process keeps its freed memory as every ``foundation``
+command does (``foundation/engine/host_memory.py``), for both loops; ``benchmarks/host_memory.py``
+measures what that saves.
 """
 from __future__ import annotations
 
@@ -211,6 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="our runs' output_dir (default: a temporary folder)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
+    from foundation.engine.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # as `foundation train` runs: see the docstring
     tasks = a.tasks.split(",")
     for task, folder, what in (("vision", a.vision_data, "vision"), ("speech", a.speech_data, "speech")):
         if task in tasks and not (folder / "train").is_dir():

@@ -69,6 +69,8 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from foundation.engine.host_memory import keep_freed_memory
+    keep_freed_memory()  # every command's process, and the runs a study or the demo launches
     for words, target, _ in sorted(COMMANDS, key=lambda c: -len(c[0])):  # `compare depth` before `compare`
         if tuple(argv[: len(words)]) == words:
             module, func = target.split(":")
