@@ -76,6 +76,9 @@ def main() -> int:
     import torch
 
     torch.set_num_threads(1)
+    from foundation.engine.host_memory import keep_freed_memory
+
+    keep_freed_memory()  # the steps as `foundation train` runs them (glibc's page faults would dilute the share)
     timed_guard()
     seconds: dict[str, list[float]] = {"off": [], "warn": []}
     own: list[float] = []  # the guard's CPU seconds a step, per warn run
