@@ -1,6 +1,6 @@
 """``foundation demo``: Pre-LN against Magneto on every modality, from nothing, in minutes.
 
-    foundation demo                         # data/ + runs/demo, ~16 minutes on 2 idle CPU cores
+    foundation demo                         # data/ + runs/demo, ~15 minutes on 2 idle CPU cores
     foundation demo --only vision,vqa       # a subset
     foundation demo --steps-scale 5         # 5x longer runs (closer to the README's tables)
     foundation demo --seeds 0,1,2           # every run under 3 seeds: mean and range per row, ~50 minutes
@@ -50,7 +50,7 @@ def stages() -> list[Recipe]:
     table order.
 
     Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
-    runs at a time: 2 x (6.2 + 2.2 + 2.0 + 3.7 + 1.9) run-minutes / 2, ~16 min (``minutes`` orders them)."""
+    runs at a time (14 min 33 s on an idle 2-core AMD EPYC, the README; ``minutes`` orders them)."""
     from studies.recipes import recipes
 
     return [r for r in recipes() if r.data and r.steps]
