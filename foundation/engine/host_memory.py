@@ -4,7 +4,7 @@ glibc's malloc serves large blocks (above ~128 KB, a threshold it raises as bloc
 to 32 MB) with fresh ``mmap`` pages and returns them on ``free``, and trims the heap's free top
 beyond twice that. A CPU training step allocates and frees the same activation and gradient
 tensors every step, so each step faults its memory back in page by page and the kernel zeroes
-every page: on the tiny vision, segmentation and VQA recipes 5,000-16,000 page faults a step
+every page: on the tiny vision, segmentation and VQA recipes thousands of page faults a step
 and a fifth of the step's CPU time (``benchmarks/host_memory.py``). Fixed thresholds keep those
 pages mapped, as tcmalloc or jemalloc would; neither is on the package registries in a form pip
 can preload, hence glibc's own ``mallopt``. It moves no arithmetic (PyTorch aligns every tensor
@@ -39,17 +39,23 @@ def user_settings(environ=None) -> list[str]:
     return found
 
 
+def glibc():
+    """This process's C library where it is glibc (``ctypes.CDLL``), else None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    # musl and others have no gnu_get_libc_version (musl's mallopt does nothing)
+    return libc if hasattr(libc, "gnu_get_libc_version") and hasattr(libc, "mallopt") else None
+
+
 def keep_freed_memory() -> bool:
     """Fix glibc's mmap and trim thresholds for this process (and the processes it forks); whether it did."""
     if not sys.platform.startswith("linux") or user_settings():
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return False
-    if not hasattr(libc, "gnu_get_libc_version"):  # musl has a mallopt that does nothing
+    libc = glibc()
+    if libc is None:
         return False
     # mallopt returns 1 on success; each of these turns off glibc's moving threshold
-    return all([mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD), mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD),
-                mallopt(M_TOP_PAD, TOP_PAD)])
+    return all([libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD), libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD),
+                libc.mallopt(M_TOP_PAD, TOP_PAD)])
