@@ -6,10 +6,10 @@ beyond twice that. A CPU training step allocates and frees the same activation a
 tensors every step, so each step faults its memory back in page by page and the kernel zeroes
 every page: on the tiny vision, segmentation and VQA recipes thousands of page faults a step
 and up to a fifth of the step's CPU time (``benchmarks/host_memory.py``). Fixed thresholds keep
-those pages mapped, as tcmalloc or jemalloc would; those need a system package and ``LD_PRELOAD``
-set before the process starts (PyTorch's CPU tuning guide), hence glibc's own ``mallopt``. It moves no arithmetic (PyTorch aligns every tensor
-to 64 bytes whichever way malloc got the memory); the process keeps up to its peak use (the
-demo: 2.23 GB peak against 2.17).
+those pages mapped, as tcmalloc or jemalloc would; those need a system package and
+``LD_PRELOAD`` set before the process starts (PyTorch's CPU tuning guide), hence glibc's own
+``mallopt``. It moves no arithmetic (PyTorch aligns every tensor to 64 bytes whichever way malloc
+got the memory); the process keeps up to its peak use (the demo: 2.23 GB peak against 2.17).
 
 A user's own glibc settings (``MALLOC_*_`` variables, ``GLIBC_TUNABLES``) win: then nothing is
 changed. Elsewhere than glibc (macOS, musl) this does nothing.
