@@ -50,7 +50,7 @@ def stages() -> list[Recipe]:
     table order.
 
     Steps are chosen so that the whole demo takes at most 15 minutes on 2 idle CPU cores, two
-    runs at a time (14 min 33 s on an idle 2-core AMD EPYC, the README; ``minutes`` orders them)."""
+    runs at a time (14 min 33 s and 13 min 56 s on an idle 2-core AMD EPYC, the README; ``minutes`` orders them)."""
     from studies.recipes import recipes
 
     return [r for r in recipes() if r.data and r.steps]
