@@ -307,12 +307,20 @@ class AttentionWatch:
     rule fired in 5 of the warm-up ladder's 16 runs that do not blow up, against 2 on the whole
     batch. Each attention's largest |q.k| stays on the device and is scaled and reduced once a
     step, in ``take`` (one host sync). It reads only while ``active`` (the guard sets it for every
-    ``ATTENTION_EVERY``-th step)."""
+    ``ATTENTION_EVERY``-th step).
+
+    Only attentions whose input is a LayerNorm's output, the setting of Wortsman et al.'s logit
+    growth: not the first self-attention of a Post-LN or DeepNorm stack (``post_norm_inputs``),
+    which reads the embedding as it is. There the logits grow with the embedding's own scale,
+    which those rules let grow at any lr: 4.5 -> 180 in 40 steps of the 24-layer ASR at the
+    stability ladder's lowest lr (layer 0; every other layer stays at 1-5), 500-50,000 in the
+    top-rung vision runs that converge."""
 
     def __init__(self, model: nn.Module):
         from foundation.layers import _Heads
 
-        self.heads = [m for m in model.modules() if isinstance(m, _Heads)]
+        skipped = post_norm_inputs(model)
+        self.heads = [m for m in model.modules() if isinstance(m, _Heads) and id(m) not in skipped]
         self.active = True
         self.seen: list[torch.Tensor] = []  # this step's, each already divided by sqrt(head dim) unless shared
         dims = {m.head_dim for m in self.heads}
@@ -339,6 +347,15 @@ class AttentionWatch:
     def close(self) -> None:
         for m in self.heads:
             m.__dict__.pop("logit_watch", None)
+
+
+def post_norm_inputs(model: nn.Module) -> set[int]:
+    """ids of the self-attentions whose input no LayerNorm precedes: the first layer of each
+    stack whose rule normalises after the residual (Post-LN, DeepNorm)."""
+    from foundation.transformer import Stack
+
+    return {id(s.layers[0].attn) for s in model.modules()
+            if isinstance(s, Stack) and not s.rule.pre_norm and len(s.layers)}
 
 
 class AttentionRule:

@@ -395,6 +395,43 @@ def test_the_attention_watch_sees_each_training_forwards_largest_logit(tmp_path,
     assert not watch.seen
 
 
+@pytest.mark.parametrize("norm", ["postln", "deepnorm"])
+def test_the_attention_watch_skips_what_reads_the_embedding_unnormalised(tmp_path, monkeypatch, norm):
+    """Under Post-LN and DeepNorm the first self-attention of each stack reads the embedding with no
+    LayerNorm before it, so its logits grow with the embedding's scale: the watch leaves it out
+    (encoder and decoder: 2 of the 6 attentions) and takes the largest logit of the other four."""
+    import math
+
+    from foundation import layers
+    from foundation.engine.guard import AttentionWatch
+    from foundation.transformer import Stack
+
+    cfg, specs = resolve(tiny_config(tmp_path, backbone={"norm": norm}))
+    model = build_model(cfg, specs, log=lambda s: None)
+    task = model.tasks["seq2seq"]
+    batch = task.collate([task.train_dataset()[i] for i in range(4)])
+    firsts = [s.layers[0].attn for s in model.modules() if isinstance(s, Stack)]
+    assert len(firsts) == 2
+    with torch.no_grad():
+        for attn in firsts:  # an embedding-sized input scale would dominate the watch if it were read
+            attn.qkv.weight.mul_(30.0)
+    seen = {}
+    original = layers._Heads._attend
+
+    def spy(self, q, k, v, mask, is_causal):
+        seen[id(self)] = float((q @ k.transpose(-1, -2)).detach().abs().max()) / math.sqrt(q.shape[-1])
+        return original(self, q, k, v, mask, is_causal)
+
+    monkeypatch.setattr(layers._Heads, "_attend", spy)
+    watch = AttentionWatch(model)
+    assert len(watch.heads) == 4 and not any(a in watch.heads for a in firsts)
+    model("seq2seq", batch)[0].backward()
+    others = [v for k, v in seen.items() if k not in {id(a) for a in firsts}]
+    assert len(seen) == 6 and max(seen[id(a)] for a in firsts) > max(others)
+    assert watch.take() == pytest.approx(max(others), rel=1e-5)
+    watch.close()
+
+
 def test_the_attention_rule_warns_once_an_episode():
     """``AttentionRule``: growth above the rate over its span fires (the first firing checked by
     hand, at every step and at every second step, as the guard reads); the episode lasts until the
