@@ -8,9 +8,9 @@ trace one kind of blow-up at high learning rates to the attention logits q.k / s
 without bound (what qk-layernorm prevents; Dehghani et al. 2023 saw it in ViT-22B). This
 re-trains each run from its ``config.yaml`` (same seed and data order: the measurement draws
 nothing and changes nothing) and records, per optimizer step, the largest attention logit
-|q.k| / sqrt(head dim) over every attention of that step's training forward (before any
-relative-position bias or mask): what the stability guard's attention rule (``guard.attention``)
-reads while training. The rule judged: the logit's growth rate, ln(L_t / L_{t-span})
+|q.k| / sqrt(head dim) over the attentions of that step's training forward whose input is a
+LayerNorm's output (before any relative-position bias or mask; ``AttentionWatch``): what the
+stability guard's attention rule (``guard.attention``) reads while training. The rule judged: the logit's growth rate, ln(L_t / L_{t-span})
 / span, above ``--rate`` per step; the guard's model update and the loss do not lead a blow-up
 by 20 steps here (``foundation compare guard``, docs/studies.md).
 
