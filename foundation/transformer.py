@@ -69,6 +69,13 @@ class Stack(nn.Module):
         return x, hidden
 
 
+def post_norm_inputs(model: nn.Module) -> set[int]:
+    """ids of the self-attentions whose input no LayerNorm precedes: the first layer of each
+    stack whose rule normalises after the residual (Post-LN, DeepNorm), which reads the embedding."""
+    return {id(s.layers[0].attn) for s in model.modules()
+            if isinstance(s, Stack) and not s.rule.pre_norm and len(s.layers)}
+
+
 def _layer_indices(return_layers: Iterable[int] | None, depth: int) -> dict[int, int]:
     """{normalised index: index as the caller wrote it}; negative indices count from the end."""
     out = {}

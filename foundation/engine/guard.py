@@ -309,15 +309,13 @@ class AttentionWatch:
     step, in ``take`` (one host sync). It reads only while ``active`` (the guard sets it for every
     ``ATTENTION_EVERY``-th step).
 
-    Only attentions whose input is a LayerNorm's output, the setting of Wortsman et al.'s logit
-    growth: not the first self-attention of a Post-LN or DeepNorm stack (``post_norm_inputs``),
-    which reads the embedding as it is. There the logits grow with the embedding's own scale,
-    which those rules let grow at any lr: 4.5 -> 180 in 40 steps of the 24-layer ASR at the
-    stability ladder's lowest lr (layer 0; every other layer stays at 1-5), 500-50,000 in the
-    top-rung vision runs that converge."""
+    Only attentions reading a LayerNorm's output (Wortsman et al.'s setting), not a Post-LN or
+    DeepNorm stack's first (``post_norm_inputs``): its logits follow the raw embedding's scale,
+    which grows at any lr (24-layer ASR, lowest lr: 4.5 -> 180 in 40 steps; other layers 1-5)."""
 
     def __init__(self, model: nn.Module):
         from foundation.layers import _Heads
+        from foundation.transformer import post_norm_inputs
 
         skipped = post_norm_inputs(model)
         self.heads = [m for m in model.modules() if isinstance(m, _Heads) and id(m) not in skipped]
@@ -347,15 +345,6 @@ class AttentionWatch:
     def close(self) -> None:
         for m in self.heads:
             m.__dict__.pop("logit_watch", None)
-
-
-def post_norm_inputs(model: nn.Module) -> set[int]:
-    """ids of the self-attentions whose input no LayerNorm precedes: the first layer of each
-    stack whose rule normalises after the residual (Post-LN, DeepNorm)."""
-    from foundation.transformer import Stack
-
-    return {id(s.layers[0].attn) for s in model.modules()
-            if isinstance(s, Stack) and not s.rule.pre_norm and len(s.layers)}
 
 
 class AttentionRule:
