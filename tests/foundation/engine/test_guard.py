@@ -412,6 +412,7 @@ def test_the_attention_watch_skips_what_reads_the_embedding_unnormalised(tmp_pat
     batch = task.collate([task.train_dataset()[i] for i in range(4)])
     firsts = [s.layers[0].attn for s in model.modules() if isinstance(s, Stack)]
     assert len(firsts) == 2
+
     def grown(module, args):  # an embedding grown to rms 30, read as it is by these attentions
         x = args[0]
         return (30.0 * x / x.pow(2).mean(-1, keepdim=True).sqrt().clamp_min(1e-12), *args[1:])
