@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from foundation_tasks.vl_common import demo as home
 from foundation_tasks.vqa import demo as shifted
@@ -18,9 +19,9 @@ from foundation_tasks.nlvr2.data import read_split as read_nlvr2
 from foundation_tasks.vqa.data import read_split
 
 
-def make(out: Path, seed: int = 0) -> Path:
+def make(out: Path, seed: int = 0, style: str = "outlined") -> Path:
     assert shifted.main(["--out", str(out), "--seed", str(seed), "--train-images", "30", "--val-images", "12",
-                         "--nlvr2-train", "40", "--nlvr2-dev", "16"]) == 0
+                         "--nlvr2-train", "40", "--nlvr2-dev", "16", "--style", style]) == 0
     return out / "vqa"
 
 
@@ -99,26 +100,31 @@ def test_nlvr2_pairs_in_the_layout_with_one_true_and_one_false_statement(tmp_pat
     assert not any(home.is_held_out(t) for t in dev)
 
 
-def test_nlvr2_statements_are_true_of_their_scenes():
-    """Counting statements re-checked against the scenes by a reading of their own."""
-    things = [shifted.Thing("orange", "star", 0.2, 0.5, 0.1), shifted.Thing("orange", "ring", 0.8, 0.5, 0.1)]
-    other = [shifted.Thing("cyan", "star", 0.5, 0.5, 0.1)]
+@pytest.mark.parametrize("style, colors, shapes, exact, item, spatial", [
+    ("outlined", ("orange", "cyan"), ("star", "ring"), r"The (left|right) picture features precisely (\d) (\w+)(?: (\w+?))?s?\.",
+     "item", ("In the left picture, the orange star sits", "left of")),
+    ("textured", ("teal", "navy"), ("moon", "heart"), r"The (left|right) panel holds exactly (\d) (\w+)(?: (\w+?))?s?\.",
+     "piece", ("In the left panel, the teal moon is", "to the left of"))])
+def test_nlvr2_statements_are_true_of_their_scenes(style, colors, shapes, exact, item, spatial):
+    """Counting and spatial statements re-checked against the scenes by a reading of their own."""
+    things = [shifted.Thing(colors[0], shapes[0], 0.2, 0.5, 0.1), shifted.Thing(colors[0], shapes[1], 0.8, 0.5, 0.1)]
+    other = [shifted.Thing(colors[1], shapes[0], 0.5, 0.5, 0.1)]
     checked = 0
     for k in range(300):
-        pair = shifted.statement(np.random.default_rng(k), things, other, held_out=False)
+        pair = shifted.statement(np.random.default_rng(k), things, other, held_out=False, style=shifted.STYLES[style])
         if pair is None:
             continue
         for text, truth in zip(pair, (True, False)):
-            m = re.fullmatch(r"The (left|right) picture features precisely (\d) (\w+)(?: (\w+?))?s?\.", text)
+            m = re.fullmatch(exact, text)
             if m:
                 scene = things if m[1] == "left" else other
-                color = m[3] if m[3] in shifted.COLORS else None
+                color = m[3] if m[3] in shifted.STYLES[style].colors else None
                 shape = (m[4] if m[4] else m[3]).rstrip("s")
-                shape = None if shape == "item" else shape
+                shape = None if shape == item else shape
                 assert (shifted.count(scene, color, shape) == int(m[2])) is truth, text
                 checked += 1
-            if text.startswith("In the left picture, the orange star sits"):
-                assert ("left of" in text) is truth, text
+            if text.startswith(spatial[0]):
+                assert (spatial[1] in text) is truth, text
                 checked += 1
     assert checked >= 10
 
@@ -129,3 +135,48 @@ def test_refuses_a_full_folder(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         shifted.main(["--out", str(tmp_path / "z"), "--image-size", "8"])
+
+
+def test_the_textured_style_shares_nothing_with_the_other_two(tmp_path):
+    vqa = make(tmp_path / "t", style="textured")
+    tex, out = shifted.STYLES["textured"], shifted.STYLES["outlined"]
+    taken = set(home.COLORS) | set(home.SHAPES) | set(out.colors) | set(out.shapes)
+    assert not (set(tex.colors) | set(tex.shapes)) & taken
+    templates = lambda table: {t for groups in table.values() for group in groups for t in group}  # noqa: E731
+    for table, others in ((tex.templates, (home.QUESTION_TEMPLATES, out.templates)),
+                          (tex.statements, (home.STATEMENTS, out.statements))):
+        assert not templates(table) & set().union(*map(templates, others))
+    questions = {split: json.loads((vqa / f"v2_OpenEnded_mscoco_{split}_questions.json").read_text())["questions"]
+                 for split in ("train2014", "val2014")}
+    sentences = [st.sentence for split in ("train", "dev") for st in read_nlvr2(vqa.parent / "nlvr2",
+                                                                                 vqa.parent / "nlvr2", split)]
+    texts = [q["question"] for qs in questions.values() for q in qs] + sentences
+    words = {w.strip("?.,'s") for t in texts for w in t.lower().split()}
+    assert not words & (taken | {s + "s" for s in taken})
+    assert {w for w in words if w in tex.colors} == set(tex.colors)  # every colour and shape is asked about
+    assert {w for w in words if w in tex.shapes} == set(tex.shapes)
+    # held-out wordings only in validation, found by the one reader the plain reference uses
+    train = [q["question"] for q in questions["train2014"]] + sentences[:80]
+    assert not any(shifted.is_held_out(t) for t in train)
+    assert 0.2 < np.mean([shifted.is_held_out(q["question"]) for q in questions["val2014"]]) < 0.8
+    assert not any(home.is_held_out(t) for t in texts)
+    with Image.open(next((vqa / "train2014").glob("*.jpg"))) as im:
+        assert im.size == (48, 48) and im.mode == "RGB"
+    assert digest(vqa) != digest(make(tmp_path / "o"))  # another look, not another seed of the same
+
+
+def test_the_unannotated_configs_run_as_shipped(tmp_path, monkeypatch, capsys):
+    """configs/vl/tiny_vqa_unannotated.yaml on the data its comment makes, then the NLVR2 config from
+    that run's model by its default ``init_from``: a user's two commands, cut to a few steps."""
+    from foundation.cli import main as cli
+
+    repo = Path(__file__).resolve().parents[3]
+    monkeypatch.chdir(tmp_path)
+    make(tmp_path / "data" / "vqa-shifted", style="textured")
+    short = ["train.steps=2", "train.batch_size=4", "eval.max_batches=1", "log.progress=false", "log.writers=[jsonl]"]
+    assert cli(["train", str(repo / "configs/vl/tiny_vqa_unannotated.yaml"), *short]) == 0
+    assert "vqa/vqa_accuracy" in capsys.readouterr().out
+    assert cli(["train", str(repo / "configs/vl/tiny_nlvr2_unannotated.yaml"), *short]) == 0
+    printed = capsys.readouterr().out
+    assert "init_from" in printed and "nlvr2/accuracy" in printed
+    assert (tmp_path / "checkpoints/nlvr2-tiny-unannotated-magneto/best/model.safetensors").is_file()
