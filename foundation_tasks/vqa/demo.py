@@ -27,7 +27,7 @@ wordings of its own ("Which hue is the heart?", "The left panel holds exactly 2 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -334,7 +334,7 @@ class Style:
     item: str = "item"  # the noun of colour-only phrases ("cyan items")
     verbs: tuple = ("appears", "appear")  # {verb} for one object, for several
     quality: int = 95  # JPEG quality of the VQA images
-    codes: tuple = field(default=(7,))  # mixed into every generator seed, so styles draw apart
+    codes: tuple = (7,)  # mixed into every generator seed, so styles draw apart
 
 
 STYLES = {"outlined": Style(COLORS, SHAPES, TEMPLATES, STATEMENTS, RELATIONS, make_scene, render),
