@@ -6,6 +6,16 @@ our pipeline or recipe, and one it shares points at the data or the budget.
     python benchmarks/vl_reference.py vqa /work/bl/data/vl/vqa --steps 250 --seed 0
     python benchmarks/vl_reference.py nlvr2 /work/bl/data/vl/nlvr2 --steps 200 --batch-size 16
     python benchmarks/vl_reference.py vqa DIR/vqa --fusion concat     # late fusion (pooled image ++ question)
+    python benchmarks/vl_reference.py vqa DIR/vqa --steps 1500 --train-fraction 0.1 --seed 0 \
+        --pretrain DIR/coco/annotations/captions_train2014.json --pretrain-steps 1500   # plain VL pretraining first
+
+With ``--train-fraction`` VQA trains on the same questions as our runs with
+``tasks.vqa.train_fraction`` / ``subset_seed`` (the answers from those only). ``--pretrain`` first
+trains the same network on the unlabelled image-caption pairs (COCO captions json, images beside
+the VQA ones) to name a masked caption word, one per caption, the scenes' colour, shape, count and
+relation words first (``--mask-words``), as BEiT-3's pair MLM with content words first does ours;
+then VQA starts from every weight but the output layer. The plain answer to whether pretraining
+can pay on this data at this size.
 
 Deliberately independent of the project's pipeline: its own json reading, a word-level
 vocabulary of the training split (unseen words -> <unk>), PIL images scaled to [-1, 1],
@@ -36,6 +46,7 @@ import torch.nn.functional as F  # noqa: E402
 from PIL import Image  # noqa: E402
 from torch import nn  # noqa: E402
 
+from foundation.engine.data import labelled_fraction  # noqa: E402
 from foundation_tasks.vl_common import demo as home  # noqa: E402
 from foundation_tasks.vqa import demo as shifted  # noqa: E402
 from foundation_tasks.vqa.metrics import normalize_answer, soft_score, vqa_accuracy  # noqa: E402
@@ -47,7 +58,7 @@ def words(text: str) -> list[str]:
 
 class Vocab:
     def __init__(self, texts: list[str]):
-        self.index = {"<pad>": 0, "<unk>": 1}
+        self.index = {"<pad>": 0, "<unk>": 1, "<mask>": 2}
         for t in texts:
             for w in words(t):
                 self.index.setdefault(w, len(self.index))
@@ -168,6 +179,11 @@ def train(a: argparse.Namespace) -> dict:
     root = Path(a.data)
     if a.task == "vqa":
         tr, va = vqa_split(root, a.train_split or "train2014"), vqa_split(root, a.eval_split or "val2014")
+        texts = list(tr["text"])  # the vocabulary: every training question's words (text without answers)
+        if a.train_fraction is not None:  # the label budget: our runs' rows (tasks.vqa.train_fraction / subset_seed)
+            rows = labelled_fraction(len(tr["text"]), a.train_fraction, a.subset_seed, "questions")
+            tr = {k: (v if k == "images" else v[torch.tensor(rows)] if torch.is_tensor(v) else [v[i] for i in rows])
+                  for k, v in tr.items()}
         counts = Counter(tr["majority"])
         answers = sorted(counts, key=lambda x: (-counts[x], x))
         index = {x: i for i, x in enumerate(answers)}
@@ -178,10 +194,15 @@ def train(a: argparse.Namespace) -> dict:
                     target[row, index[x]] = soft_score(n)
     else:
         tr, va = nlvr2_split(root, a.train_split or "train"), nlvr2_split(root, a.eval_split or "dev")
-    vocab = Vocab(tr["text"])
+        texts = tr["text"]
+    pairs = read_captions(Path(a.pretrain), Path(a.pretrain_images or root / "train2014")) if a.pretrain else None
+    vocab = Vocab(texts + (pairs["text"] if pairs else []))
     tr_ids, va_ids = vocab.encode(tr["text"]), vocab.encode(va["text"])
     model = FiLMNet(len(vocab.index), len(answers), a.dim, a.fusion) if a.task == "vqa" else \
         NLVR2Net(len(vocab.index), a.dim, a.fusion)
+    pretrained = pretrain(a, vocab, pairs) if pairs else None
+    if pretrained is not None:
+        start_from(model if a.task == "vqa" else model.net, pretrained["state"])
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
     g = torch.Generator().manual_seed(a.seed)
     start, n = time.time(), len(tr["text"])
@@ -222,7 +243,78 @@ def train(a: argparse.Namespace) -> dict:
              for t in sorted(set(va.get("answer_type", [])) - {""})}
     return {"accuracy": mean(scores), "seen": mean([s for s, h in zip(scores, held) if not h]),
             "held_out": mean([s for s, h in zip(scores, held) if h]), "shuffled": mean(shuffled),
-            "by_answer_type": types, "seconds": seconds}
+            "by_answer_type": types, "seconds": seconds, "pretrained": pretrained and pretrained["report"]}
+
+
+# --------------------------------------------------------------------------- plain VL pretraining
+
+MASK_WORDS = (*home.COLORS, *home.SHAPES, *(s + "s" for s in home.SHAPES), *home.NUMBER_WORDS,
+              "left", "right", "above", "below")  # the vl demo's content words (tiny_pretrain.yaml's text_mask_words)
+
+
+def read_captions(path: Path, images: Path) -> dict:
+    doc = json.loads(path.read_text())
+    files = {im["id"]: im["file_name"] for im in doc["images"]}
+    ids = sorted(files)
+    row = {i: k for k, i in enumerate(ids)}
+    return {"images": load_images([images / files[i] for i in ids]),
+            "image": torch.tensor([row[c["image_id"]] for c in doc["annotations"]]),
+            "text": [c["caption"] for c in doc["annotations"]]}
+
+
+def maskable(ids: torch.Tensor, vocab: Vocab, first: list[str]) -> torch.Tensor:
+    """Per caption, the positions a mask may take: its words among ``first``, or any word if none."""
+    content = torch.zeros_like(ids, dtype=torch.bool)
+    for w in first:
+        if w in vocab.index:
+            content |= ids == vocab.index[w]
+    return torch.where(content.any(1, keepdim=True), content, ids > 0).float()
+
+
+def mask_one(ids: torch.Tensor, choose: torch.Tensor, g: torch.Generator, mask_id: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's copy with one word masked, drawn among ``choose``'s positions: (ids, where, the word)."""
+    at = torch.multinomial(choose, 1, generator=g).squeeze(1)
+    rows = torch.arange(len(ids))
+    x = ids.clone()
+    target = x[rows, at]
+    x[rows, at] = mask_id
+    return x, at, target
+
+
+def start_from(net: FiLMNet, state: dict) -> list[str]:
+    """Load every pretrained weight whose shape fits (all but the output layer: the answers are not
+    the words); returns the names left as they were."""
+    own = net.state_dict()
+    fits = {k: v for k, v in state.items() if own[k].shape == v.shape}
+    net.load_state_dict(fits, strict=False)
+    return sorted(set(own) - set(fits))
+
+
+def pretrain(a: argparse.Namespace, vocab: Vocab, pairs: dict) -> dict:
+    """The network names one masked word of each caption from the image and the rest of the
+    caption (a content word where the caption has one); returns its weights and what it reached."""
+    ids = vocab.encode(pairs["text"])
+    choose = maskable(ids, vocab, a.mask_words.split(","))
+    model = FiLMNet(len(vocab.index), len(vocab.index), a.dim, a.fusion)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.01)
+    g = torch.Generator().manual_seed(a.seed + 1000)
+    right, start = [], time.time()
+    for step in range(a.pretrain_steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, a.pretrain_steps, a.warmup, a.lr)
+        b = torch.randint(len(ids), (a.batch_size,), generator=g)
+        x, _, target = mask_one(ids[b], choose[b], g, vocab.index["<mask>"])
+        logits = model(pairs["images"][pairs["image"][b]], x)
+        loss = F.cross_entropy(logits, target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        right += (logits.argmax(1) == target).tolist()
+    tail = right[-100 * a.batch_size:]
+    return {"state": model.state_dict(),
+            "report": f"pretrained {a.pretrain_steps} steps of {a.batch_size} on {len(ids)} captions: masked word "
+                      f"named {100 * sum(tail) / len(tail):.1f} % over the last 100 steps ({time.time() - start:.0f} s)"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -239,12 +331,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--train-split")
     p.add_argument("--eval-split")
     p.add_argument("--log-every", type=int, default=0)
+    p.add_argument("--train-fraction", type=float, help="VQA: train on this fraction of the questions (as ours)")
+    p.add_argument("--subset-seed", type=int, help="which fraction (default: --seed), as tasks.vqa.subset_seed")
+    p.add_argument("--pretrain", help="first pretrain on these image-caption pairs (COCO captions json)")
+    p.add_argument("--pretrain-images", help="their images (default: DATA/train2014)")
+    p.add_argument("--pretrain-steps", type=int, default=1500)
+    p.add_argument("--mask-words", default=",".join(MASK_WORDS), help="caption words masked first (comma-separated)")
     a = p.parse_args(argv)
+    if a.subset_seed is None:
+        a.subset_seed = a.seed
+    if a.train_fraction is not None and (a.task != "vqa" or not 0 < a.train_fraction <= 1):
+        p.error("--train-fraction: VQA only, in (0, 1]")
     torch.set_num_threads(1)
     r = train(a)
     print(f"{a.task} reference ({a.fusion}, {a.steps} steps of {a.batch_size}, seed {a.seed}): "
           f"accuracy {r['accuracy']:.1f} (seen {r['seen']:.1f} / held-out {r['held_out']:.1f}), "
           f"images shuffled {r['shuffled']:.1f}; {r['seconds']:.0f} s training")
+    if r["pretrained"]:
+        print(r["pretrained"])
     if r["by_answer_type"]:  # as the VQA runs log them (vqa_accuracy_yes_no, _number, _other)
         print("by answer type: " + ", ".join(f"{t} {v:.1f}" for t, v in r["by_answer_type"].items()))
     return 0
