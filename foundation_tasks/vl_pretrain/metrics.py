@@ -11,7 +11,7 @@ from typing import Mapping
 import torch
 import torch.nn.functional as F
 
-PARTS = ("mlm", "mim", "itm")
+PARTS = ("mlm", "mim", "itm", "word")
 
 
 def mdm_sums(predictions: Mapping[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, torch.Tensor]:

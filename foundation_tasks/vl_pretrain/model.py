@@ -51,12 +51,14 @@ class MatchOutput(nn.Module):
 
 class MDMHead(nn.Module):
     """A head for one kind of batch: ``mlm`` for texts, ``mim`` for images, both for pairs,
-    ``match`` for image-text matching."""
+    ``match`` for image-text matching. ``word`` (pairs): a pooler whose output, through the MLM
+    output, also names each pair's first masked word from the class token, the token VQA and
+    NLVR2 read; masked words at their own positions leave it untrained."""
 
     def __init__(self, embed: BEiT3Embedding, mlm: MLMOutput | None, mim: MIMOutput | None,
-                 match: MatchOutput | None = None):
+                 match: MatchOutput | None = None, word: Pooler | None = None):
         super().__init__()
-        self.embed, self.mlm, self.mim, self.match = embed, mlm, mim, match
+        self.embed, self.mlm, self.mim, self.match, self.word = embed, mlm, mim, match, word
 
     def predict(self, backbone: nn.Module, batch: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """{"mlm" / "mim": (logits of the masked positions, their targets)} or {"itm": (logits, labels)}."""
@@ -67,6 +69,12 @@ class MDMHead(nn.Module):
         if self.match is not None:
             return {"itm": (self.match(hidden), batch["match_labels"])}
         out = {}
+        if self.word is not None:
+            masked = batch["text_masked"]
+            rows = masked.any(1)  # every pair masks at least one word; kept general
+            first = masked.float().argmax(1)
+            target = batch["text_targets"][torch.arange(len(first), device=first.device), first]
+            out["word"] = (self.mlm(self.word(hidden)[rows], self.embed), target[rows])
         if images is not None:
             n, masked = self.embed.num_vision_tokens, batch["vision_mask"]
             out["mim"] = (self.mim(hidden[:, 1:n][masked]), self.mim.visual_tokenizer(images)[masked])

@@ -26,6 +26,7 @@ import torch
 
 from foundation.config import ConfigError
 from foundation.engine.task import SharedModules, register_task
+from foundation_tasks.vl_common.beit3 import Pooler
 from foundation_tasks.vl_common.task import VLConfig, VLTask
 from foundation_tasks.vl_pretrain.data import KINDS, MaskedDataset, collate, find_images, read_captions, read_lines
 from foundation_tasks.vl_pretrain.masking import block_masking
@@ -47,6 +48,7 @@ class VLPretrainConfig(VLConfig):
     text_mask_words: Optional[list[str]] = None  # words masked first (content-word masking, Bitton et al. 2021);
     #   default: BERT's uniform choice
     image_mask_ratio: float = 0.4  # block-wise (BEiT)
+    class_token_word: bool = False  # pair: the pooled class token also names the first masked word (MDMHead's word)
     min_mask_block: Optional[int] = None  # patches; default min(16, masked patches // 4) (BEiT: 16 on 14 x 14)
     visual_tokenizer: str = "random_projection"  # | vq_tokenizer (a foundation_tasks/vq_tokenizer run, BEiT v2's VQ-KD)
     #   | pixels (no ids: the masked patches' normalised pixels, MAE / SimMIM)
@@ -73,6 +75,9 @@ class VLPretrainConfig(VLConfig):
         if self.text_mask_words is not None and self.kind not in DEFAULT_TEXT_RATIO:
             raise ConfigError(f"field 'text_mask_words': kind {self.kind} masks no text (only kinds "
                               f"{', '.join(DEFAULT_TEXT_RATIO)} do)")
+        if self.class_token_word and self.kind != "pair":
+            raise ConfigError(f"field 'class_token_word': only kind pair has a masked word with an image "
+                              f"(got kind {self.kind})")
         if self.visual_tokenizer not in VISUAL_TOKENIZERS:
             raise ConfigError(f"field 'visual_tokenizer': must be one of {', '.join(VISUAL_TOKENIZERS)} "
                               f"(got {self.visual_tokenizer!r})")
@@ -128,7 +133,7 @@ class VLPretrain(VLTask):
             settings = {k: getattr(c, k) for k in ("visual_tokenizer", "visual_tokenizer_path", "visual_vocab_size",
                                                    "visual_code_dim", "visual_seed")}
             mim = self.shared(shared, "MIM output", settings, lambda: MIMOutput(dim, build_visual_tokenizer(c)))
-        return MDMHead(embed, mlm, mim)
+        return MDMHead(embed, mlm, mim, word=Pooler(dim) if c.class_token_word else None)
 
     def _dataset(self, train: bool) -> MaskedDataset:
         c = self.cfg

@@ -142,6 +142,36 @@ def test_text_mask_words_mask_the_captions_content_words(demo):
         resolve({"backbone": BACKBONE, "tasks": tasks})
 
 
+def test_the_class_token_names_the_first_masked_word(demo):
+    """``class_token_word``: the pair head's pooler reads the class token (token 0, what VQA reads)
+    and names each pair's first masked word through the shared MLM output; its loss trains the
+    class token, which the masked words at their own positions do not."""
+    tasks = pretrain_tasks(demo)
+    tasks[2]["class_token_word"] = True
+    cfg, specs = resolve({"backbone": BACKBONE, "tasks": tasks})
+    model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
+    task, head = model.tasks["pair"], model.heads["pair"]
+    assert head.word is not None and model.heads["text"].word is None
+    batch = task.collate([task.train_dataset()[i] for i in range(6)])
+    out = head.predict(model.backbone, batch)
+    logits, targets = out["word"]
+    first = batch["text_masked"].float().argmax(1)
+    assert torch.equal(targets, batch["text_targets"][torch.arange(6), first])
+    assert logits.shape == (6, head.embed.text_embed.num_embeddings)
+    head.embed.cls_token.grad = None
+    torch.nn.functional.cross_entropy(logits, targets).backward()
+    assert head.embed.cls_token.grad.abs().sum() > 0
+    model.zero_grad()
+    logits, targets = head.predict(model.backbone, batch)["mlm"]
+    torch.nn.functional.cross_entropy(logits, targets).backward()
+    assert head.word.dense.weight.grad is None  # the word's pooler is read by nothing else
+    with torch.no_grad():
+        assert "word_accuracy" in task.metrics(task.eval_step(head, model.backbone, batch))
+    tasks[1]["class_token_word"] = True
+    with pytest.raises(ConfigError, match="class_token_word': only kind pair"):
+        resolve({"backbone": BACKBONE, "tasks": tasks})
+
+
 def test_kinds_share_one_embedding_and_outputs(demo):
     cfg, specs = resolve({"backbone": BACKBONE, "tasks": pretrain_tasks(demo)})
     model = MultiTaskModel(ModelConfig.from_specs(cfg.backbone, specs))
