@@ -61,7 +61,8 @@ class MDMHead(nn.Module):
         self.embed, self.mlm, self.mim, self.match, self.word = embed, mlm, mim, match, word
 
     def predict(self, backbone: nn.Module, batch: dict) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """{"mlm" / "mim": (logits of the masked positions, their targets)} or {"itm": (logits, labels)}."""
+        """{"mlm" / "mim": (logits of the masked positions, their targets), "word": (the class token's logits,
+        each pair's first masked word)} or {"itm": (logits, labels)}."""
         text, images = batch.get("text_ids"), batch.get("images")
         x, padding, segments = self.embed(text_ids=text, text_padding_mask=batch.get("text_padding_mask"),
                                           images=images, vision_mask=batch.get("vision_mask"))
