@@ -17,13 +17,15 @@ A task takes part through its recipe (``foundation_tasks/<task>/recipe.py``: ``l
   ``target: tokens``); ``--teacher-steps`` gives the teacher a length of its own (its own run,
   ``pretrain/teacher-<steps>``), for a token MIM longer than the teacher it distils;
 * ``best_rq``: ``configs/best_rq/tiny.yaml`` on the speech corpus's audio, for ASR;
-* ``vl``: ``configs/vl/tiny_pretrain.yaml`` (BEiT-3: masked text, images, image-caption pairs),
-  for VQA.
+* ``vl``: ``configs/vl/tiny_pretrain_pairs.yaml`` (BEiT-3 masked data modeling on image-caption
+  pairs, the pooled class token naming the masked caption word), for VQA.
 
 Each cell (task x norm x budget x initialisation x seed) is an ordinary ``foundation train`` of
 the task's tiny config with the budget and ``subset_seed`` = the seed (nested subsets: the 10
 images of a seed are among its 100) in its own run directory; the same command again skips what
-finished and resumes the rest.
+finished and resumes the rest. A task whose recipe starts from another's run (NLVR2 from VQA,
+``init_from_stage``) fine-tunes on all its own labels from each cell of that task, right after it:
+its rows are the budgets and initialisations of its start.
 
     OUT/pretrain/<init>-<norm>/                 the pretraining runs
     OUT/runs/<task>-<norm>-<budget>-<init>-s<seed>/
@@ -75,11 +77,11 @@ PRETRAININGS = {
                                                                           "tasks.0.target=tokens"),
                           "MIM, token target (BEiT v2, pixel-MIM teacher)"),
     "best_rq": Pretraining("configs/best_rq/tiny.yaml", "speech", ("tasks.0.data_dir={root}",), "BEST-RQ"),
-    # the VQA recipe's convolutional stem in every entry, so that fine-tuning loads it too
-    "vl": Pretraining("configs/vl/tiny_pretrain.yaml", "vl",
-                      tuple(f"tasks.{k}={{root}}/{v}" for k, v in VL_DATA.items())
-                      + tuple(f"tasks.{e}.conv_stem=true" for e in ("text", "image", "pair")),
-                      "BEiT-3 masked data modeling"),
+    # image-caption pairs only, the class token naming the masked word: what VQA reads (BEiT-3's three
+    # kinds, configs/vl/tiny_pretrain.yaml, gain +1.6 here; docs/findings.md)
+    "vl": Pretraining("configs/vl/tiny_pretrain_pairs.yaml", "vl",
+                      tuple(f"tasks.{k}={{root}}/{v}" for k, v in VL_DATA.items() if k.startswith("pair.")),
+                      "BEiT-3 pairs, class token names the word"),
 }
 INIT_LABELS = {"scratch": "scratch", **{k: p.label for k, p in PRETRAININGS.items()}}
 COLORS = {"scratch": "tab:gray", "pixels": "tab:blue", "scenes": "tab:cyan", "tokens": "tab:purple", "best_rq": "tab:green",
@@ -96,9 +98,12 @@ def config_steps(config: str) -> int:
 
 
 def label_recipes() -> list[Recipe]:
+    """The tasks with label budgets, and those that start from one of theirs (NLVR2 from VQA)."""
     from studies.recipes import recipes
 
-    return [r for r in recipes() if r.label_budgets]
+    every = recipes()
+    budgeted = {r.task for r in every if r.label_budgets}
+    return [r for r in every if r.label_budgets or r.init_from_stage in budgeted]
 
 
 def parse_budgets(text: str, recipe: Recipe) -> list[str]:
@@ -120,6 +125,16 @@ def parse_budgets(text: str, recipe: Recipe) -> list[str]:
     if not out:
         raise ValueError("--budgets: give at least one budget (e.g. 10,100,all or 0.1,all)")
     return out
+
+
+def unit(recipe: Recipe) -> str:
+    """What a row's budget counts: the task's labels, or those of the run it starts from."""
+    if recipe.label_budgets:
+        return recipe.label_unit
+    from studies.recipes import recipes
+
+    start = next(r for r in recipes() if r.task == recipe.init_from_stage)
+    return f"{start.label_unit} of its {start.task} start (all its own labels)"
 
 
 def higher_is_better(recipe: Recipe) -> bool:
@@ -189,13 +204,22 @@ class Study:
     def cell(self, recipe: Recipe, norm: str, budget: str, init: str, seed: int) -> Path:
         return self.out / "runs" / f"{recipe.task}-{norm}-{budget}-{init}-s{seed}"
 
-    def finetune(self, recipe: Recipe, norm: str, budget: str, init: str, seed: int, weights: Optional[Path]) -> None:
+    def finetune(self, recipe: Recipe, norm: str, budget: str, init: str, seed: int, weights: Optional[Path],
+                 followers: Sequence[Recipe] = ()) -> None:
+        """The cell, then each follower's cell from its best model (all the follower's own labels)."""
         overrides = [f"{recipe.data_field}={recipe.data_path.format(root=self.root(recipe.data))}",
                      f"backbone.norm={norm}", f"seed={seed}", *recipe.label_overrides(budget, seed),
                      f"init_from={weights if weights is not None else 'null'}",
                      *(recipe.pretrained_overrides if weights is not None else ()),
                      *([f"train.steps={self.a.steps}"] if self.a.steps else []), *self.a.finetune]
-        self.train(recipe.config, self.cell(recipe, norm, budget, init, seed), overrides)
+        run = self.cell(recipe, norm, budget, init, seed)
+        if not self.train(recipe.config, run, overrides):
+            return
+        for f in followers:
+            self.train(f.config, self.cell(f, norm, budget, init, seed),
+                       [f"{f.data_field}={f.data_path.format(root=self.root(f.data))}", f"backbone.norm={norm}",
+                        f"seed={seed}", f"init_from={run / 'best' / 'model.safetensors'}",
+                        *([f"train.steps={self.a.steps}"] if self.a.steps else []), *self.a.finetune])
 
 
 def score(run_dir: Path, recipe: Recipe) -> Optional[float]:
@@ -235,7 +259,7 @@ def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]
                            if recipe.pretrained_overrides else "")
         lines += [f"## {recipe.task}: {recipe.metric} ({'higher' if higher else 'lower'} is better), "
                   f"`{recipe.config}`{from_pretrained}", "",
-                  f"| norm | {recipe.label_unit} | " + " | ".join(INIT_LABELS[i] for i in inits) + " | gain |",
+                  f"| norm | {unit(recipe)} | " + " | ".join(INIT_LABELS[i] for i in inits) + " | gain |",
                   "|" + "---|" * (3 + len(inits))]
         for norm in norms:
             for b in budgets:
@@ -282,7 +306,7 @@ def plot(path: Path, table: dict, plan, norms) -> None:
                     seeds = [v for v in c["per_seed"] if v is not None]
                     ax.plot([x] * len(seeds), seeds, ".", color=COLORS[init], alpha=0.5)
             ax.set_xticks(xs, budgets)
-            ax.set_xlabel(recipe.label_unit)
+            ax.set_xlabel(unit(recipe))
             ax.set_title(f"{recipe.task}, {norm}")
             ax.grid(alpha=0.3)
         row[0].set_ylabel(f"{recipe.metric} ({'higher' if higher_is_better(recipe) else 'lower'} is better)")
@@ -351,11 +375,17 @@ def main(argv: Sequence[str]) -> int:
         plan = []
         for name in names:
             r = recipes[name]
+            if not r.label_budgets:  # it starts from another task's cells: their budgets and inits
+                if r.init_from_stage not in names:
+                    raise ValueError(f"--tasks: {name} fine-tunes from the {r.init_from_stage} cells; "
+                                     f"add {r.init_from_stage}")
+                continue
             budgets = parse_budgets(a.budgets, r) if a.budgets else list(r.label_budgets)
             inits = [i for i in r.pretrainings if wanted is None or i in wanted]
             if a.quick:
                 budgets, inits = budgets[:1], inits[:1]
             plan.append((r, budgets, ["scratch", *inits]))
+        plan += [(recipes[n], b, i) for n in names for r, b, i in list(plan) if recipes[n].init_from_stage == r.task]
     except ValueError as e:
         print(f"foundation compare labels: error: {e}", file=sys.stderr)
         return 2
@@ -382,10 +412,12 @@ def main(argv: Sequence[str]) -> int:
 def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds, command: str) -> int:
     study = Study(a, folders)
     pretrainings = sorted({(n, i) for _, _, inits in plan for i in inits[1:] for n in norms})
-    cells = [(r, n, b, i, s) for r, budgets, inits in plan for n in norms for i in inits for b in budgets
-             for s in seeds]
-    print(f"{len(pretrainings)} pretraining runs, {len(cells)} fine-tuning runs, {a.jobs} at a time -> {a.out}/",
-          flush=True)
+    followers = {r.task: [f for f, _, _ in plan if f.init_from_stage == r.task] for r, _, _ in plan}
+    cells = [(r, n, b, i, s) for r, budgets, inits in plan if r.label_budgets
+             for n in norms for i in inits for b in budgets for s in seeds]
+    n_followers = sum(len(followers[c[0].task]) for c in cells)
+    print(f"{len(pretrainings)} pretraining runs, {len(cells) + n_followers} fine-tuning runs, {a.jobs} at a time -> "
+          f"{a.out}/", flush=True)
     weights: dict[tuple[str, str], Optional[Path]] = {}
     done = {k: threading.Event() for k in pretrainings}
 
@@ -401,7 +433,7 @@ def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds
             done[norm, init].wait()
             if weights.get((norm, init)) is None:
                 return  # its pretraining failed (said in the summary)
-        study.finetune(recipe, norm, budget, init, seed, weights.get((norm, init)))
+        study.finetune(recipe, norm, budget, init, seed, weights.get((norm, init)), followers[recipe.task])
 
     with ThreadPoolExecutor(max_workers=a.jobs) as pool:
         # pretrainings first, scratch cells meanwhile; a fine-tuning waits for its pretraining

@@ -86,6 +86,38 @@ def test_bad_arguments_are_one_line(capsys):
     assert labels.main(["--inits", "scratch,clip"]) == 2
     assert "unknown clip" in capsys.readouterr().err
     assert labels.main(["--tasks", "nlvr2"]) == 2
-    assert "--tasks: unknown nlvr2" in capsys.readouterr().err
+    assert "--tasks: nlvr2 fine-tunes from the vqa cells; add vqa" in capsys.readouterr().err
+    assert labels.main(["--tasks", "radar"]) == 2
+    assert "--tasks: unknown radar" in capsys.readouterr().err
     assert labels.main(["--tasks", "asr", "--data", "nowhere"]) == 2
     assert "nowhere/speech-demo: no such folder (foundation data make speech" in capsys.readouterr().err
+
+
+def test_vqa_from_the_pairs_pretraining_and_nlvr2_after_it(tmp_path, capsys):
+    """VQA's pretraining is the pairs recipe (the class token naming the masked word), read from the vl
+    data set's captions and images; each VQA cell starts from its norm's run, and NLVR2 (every
+    statement) from each VQA cell."""
+    from foundation_tasks.vl_common.demo import write_dataset
+
+    data = tmp_path / "data"
+    write_dataset(data / "vl", seed=0, vqa_train=12, vqa_val=6, questions_per_image=3, nlvr2_train=2, nlvr2_dev=2,
+                  text_lines=20)
+    out = tmp_path / "out"
+    assert labels.main(["--data", str(data), "--out", str(out), "--tasks", "vqa,nlvr2", "--norms", "magneto", "--seeds",
+                        "0", "--budgets", "0.5", "--steps", "2", "--pretrain-steps", "2", "--finetune",
+                        "train.batch_size=4", "--pretrain", "train.batch_size=4"]) == 0
+    pre = (out / "pretrain" / "vl-magneto" / "config.yaml").read_text()
+    assert "kind: pair" in pre and "class_token_word: true" in pre and "conv_stem: true" in pre
+    assert f"{data / 'vl'}/coco/annotations/captions_train2014.json" in pre and "steps: 2\n" in pre
+    cell = (out / "runs" / "vqa-magneto-0.5-vl-s0" / "config.yaml").read_text()
+    assert "pretrain/vl-magneto/best/model.safetensors" in cell and "train_fraction: 0.5" in cell
+    for init in ("scratch", "vl"):  # NLVR2 from the VQA cell of the same norm, budget, init and seed
+        nlvr2 = (out / "runs" / f"nlvr2-magneto-0.5-{init}-s0" / "config.yaml").read_text()
+        assert f"runs/vqa-magneto-0.5-{init}-s0/best/model.safetensors" in nlvr2 and "nlvr2/nlvr2" not in nlvr2
+        assert f"{data / 'vl'}/nlvr2" in nlvr2
+    cells = {(c["task"], c["init"]): c for c in json.loads((out / "results.json").read_text())["cells"]}
+    assert set(cells) == {(t, i) for t in ("vqa", "nlvr2") for i in ("scratch", "vl")}
+    assert all(0 <= c["mean"] <= 100 for c in cells.values())
+    report = (out / "report.md").read_text()
+    assert "BEiT-3 pairs, class token names the word" in report and "## nlvr2: accuracy" in report
+    assert "| fraction of the questions of its vqa start (all its own labels) |" in report
