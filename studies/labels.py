@@ -134,7 +134,7 @@ def unit(recipe: Recipe) -> str:
     from studies.recipes import recipes
 
     start = next(r for r in recipes() if r.task == recipe.init_from_stage)
-    return f"{start.label_unit} of its {start.task} start (all its own labels)"
+    return f"{start.label_unit} (its {start.task} start; all its own)"
 
 
 def higher_is_better(recipe: Recipe) -> bool:

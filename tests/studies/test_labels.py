@@ -120,4 +120,4 @@ def test_vqa_from_the_pairs_pretraining_and_nlvr2_after_it(tmp_path, capsys):
     assert all(0 <= c["mean"] <= 100 for c in cells.values())
     report = (out / "report.md").read_text()
     assert "BEiT-3 pairs, class token names the word" in report and "## nlvr2: accuracy" in report
-    assert "| fraction of the questions of its vqa start (all its own labels) |" in report
+    assert "| fraction of the questions (its vqa start; all its own) |" in report
