@@ -321,7 +321,7 @@ examples:
   foundation data make vision --out data/vision-demo    # and segmentation, speech, vl as needed
   foundation compare labels --quick                    # vision: one seed, 10 per class, scratch vs pixel MIM
   foundation compare labels --tasks classification --seeds 0,1 --jobs 2
-  foundation compare labels --tasks asr,vqa --seeds 0,1 --budgets 0.1,all
+  foundation compare labels --tasks asr,vqa,nlvr2 --seeds 0,1 --budgets 0.1,all   # NLVR2 from each VQA cell
   foundation compare labels --tasks classification --inits pixels --norms magneto --budgets 10,100,all
   foundation compare labels --tasks classification --inits tokens --budgets 10 --seeds 0,1,2 \
       --pretrain-steps 12000 --teacher-steps 6000          # the BEiT path as the README measures it
@@ -338,7 +338,7 @@ def main(argv: Sequence[str]) -> int:
                    "`foundation data make` writes by default (vision-demo, ade-demo, speech-demo, vl)")
     p.add_argument("--out", default="runs/compare-labels")
     p.add_argument("--tasks", default=None, help=f"comma-separated, of {', '.join(recipes)} (default: all; "
-                   "--quick: classification)")
+                   "--quick: classification); nlvr2 fine-tunes from each vqa cell")
     p.add_argument("--norms", default="preln,magneto")
     p.add_argument("--seeds", default="0,1", help="fine-tuning (and label subset) seeds")
     p.add_argument("--budgets", default=None, help="labelled images per class (classification) or fractions "
