@@ -563,7 +563,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {a.out} in {seconds:.1f} s: " + ", ".join(f"{v} {k}" for k, v in counts.items()))
     print(f"  {a.out}/vqa      VQA v2 layout (train2014 / val2014)     -> configs/vl/tiny_vqa.yaml")
     print(f"  {a.out}/nlvr2    NLVR2 layout (train / dev)              -> configs/vl/tiny_nlvr2.yaml")
-    print(f"  {a.out}/coco     COCO captions layout (images in vqa/)    -> configs/vl/tiny_pretrain.yaml")
+    print(f"  {a.out}/coco     COCO captions layout (images in vqa/)    -> configs/vl/tiny_pretrain_pairs.yaml, tiny_pretrain.yaml")
     print(f"  {a.out}/coco     COCO instances (objects in vqa/ images)  -> configs/vl/tiny_vqa.yaml")
     print(f"  {a.out}/text     text corpus, one sentence per line      -> configs/vl/tiny_pretrain.yaml")
     return 0
