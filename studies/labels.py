@@ -351,7 +351,8 @@ def main(argv: Sequence[str]) -> int:
                    "should not be the pixels pretraining (default: the pixels run, --pretrain-steps long)")
     p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
     p.add_argument("--pretrain", nargs="*", default=[], metavar="key=value", help="overrides of the pretraining runs")
-    p.add_argument("--finetune", nargs="*", default=[], metavar="key=value", help="overrides of the fine-tuning runs")
+    p.add_argument("--finetune", nargs="*", default=[], metavar="key=value",
+                   help="overrides of the fine-tuning runs (NLVR2's too)")
     p.add_argument("--quick", action="store_true", help="one seed, classification at 10 labels per class from "
                    "scratch and from the pixel target (3000 pretraining, 500 fine-tuning steps), unless --tasks says "
                    "otherwise: each task's scarcest budget and first pretraining")
