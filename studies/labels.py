@@ -40,6 +40,7 @@ import statistics
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -143,6 +144,32 @@ def higher_is_better(recipe: Recipe) -> bool:
     return get_task(recipe.task).higher_is_better
 
 
+class Slots:
+    """``n`` runs at a time, pretrainings first. A thread holds a slot only while its run trains, not
+    while it waits for a run another thread trains (the teacher both token pretrainings need, the
+    pretraining a cell starts from), so a free core takes a scratch cell instead of idling; and a
+    pretraining, the chain every pretrained cell waits on, goes before any fine-tuning queued."""
+
+    def __init__(self, n: int):
+        self.free, self.urgent_waiting, self.cv = n, 0, threading.Condition()
+
+    @contextmanager
+    def take(self, urgent: bool):
+        with self.cv:
+            self.urgent_waiting += urgent
+            try:
+                self.cv.wait_for(lambda: self.free > 0 and (urgent or not self.urgent_waiting))
+            finally:
+                self.urgent_waiting -= urgent
+            self.free -= 1
+        try:
+            yield
+        finally:
+            with self.cv:
+                self.free += 1
+                self.cv.notify_all()
+
+
 class Study:
     """The runs of one invocation: where they go, their overrides, and bringing each to its end once."""
 
@@ -150,6 +177,7 @@ class Study:
         self.a, self.out, self.folders = a, Path(a.out), folders
         self.lock = threading.Lock()  # printing
         self.run_locks: dict[Path, threading.Lock] = {}  # a run two threads may both need (teacher, tokenizer)
+        self.slots = Slots(a.jobs)
         self.failed: list[str] = []
 
     def say(self, text: str) -> None:
@@ -166,8 +194,10 @@ class Study:
             return self._train(config, run_dir, overrides)
 
     def _train(self, config: str, run_dir: Path, overrides: Sequence[str]) -> bool:
-        failure = runs.ensure(Path(config), [*overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
-                                             "log.progress=false"], run_dir, say=self.say, head=f"  {run_dir.name}")
+        done = runs.status(run_dir) in runs.DONE  # read, not trained: it takes no slot
+        with nullcontext() if done else self.slots.take(urgent=run_dir.parent == self.out / "pretrain"):
+            failure = runs.ensure(Path(config), [*overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
+                                                 "log.progress=false"], run_dir, say=self.say, head=f"  {run_dir.name}")
         if failure or runs.status(run_dir) != "finished":
             self.failed.append(f"{run_dir}: {failure or runs.status(run_dir)}")
             return False
@@ -349,7 +379,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--pretrain-steps", type=int, default=None, help="default: the pretraining configs' own")
     p.add_argument("--teacher-steps", type=int, default=None, help="the tokens path's pixel-MIM teacher, when it "
                    "should not be the pixels pretraining (default: the pixels run, --pretrain-steps long)")
-    p.add_argument("--jobs", type=int, default=2, help="runs at a time, one thread each")
+    p.add_argument("--jobs", type=int, default=2, help="runs that train at a time, one thread each: pretrainings "
+                   "first, scratch cells on the cores they leave free")
     p.add_argument("--pretrain", nargs="*", default=[], metavar="key=value", help="overrides of the pretraining runs")
     p.add_argument("--finetune", nargs="*", default=[], metavar="key=value",
                    help="overrides of the fine-tuning runs (NLVR2's too)")
@@ -436,8 +467,9 @@ def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds
                 return  # its pretraining failed (said in the summary)
         study.finetune(recipe, norm, budget, init, seed, weights.get((norm, init)), followers[recipe.task])
 
-    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        # pretrainings first, scratch cells meanwhile; a fine-tuning waits for its pretraining
+    # a thread per run; `study.slots` lets --jobs of them train at once, pretrainings first, scratch
+    # cells meanwhile; a fine-tuning waits for its pretraining without holding a slot
+    with ThreadPoolExecutor(max_workers=max(1, len(pretrainings) + len(cells))) as pool:
         jobs = [pool.submit(pretrain, k) for k in pretrainings]
         jobs += [pool.submit(finetune, c) for c in sorted(cells, key=lambda c: c[3] != "scratch")]
         for j in jobs:

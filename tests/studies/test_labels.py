@@ -121,3 +121,61 @@ def test_vqa_from_the_pairs_pretraining_and_nlvr2_after_it(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "BEiT-3 pairs, class token names the word" in report and "## nlvr2: accuracy" in report
     assert "| fraction of the questions (its vqa start; all its own) |" in report
+
+
+def test_a_thread_waiting_for_a_run_holds_no_slot_and_pretrainings_go_first(tmp_path, monkeypatch):
+    """Two token pretrainings both need the teacher: while one trains it, the other waits without a
+    slot, so the second core trains a scratch cell; a queued pretraining goes before queued cells."""
+    import argparse
+    import threading
+
+    from studies import runs
+
+    started: list[str] = []
+    release = {name: threading.Event() for name in ("teacher", "cell-a", "cell-b", "cell-c", "tokens")}
+
+    def fake_ensure(config, overrides, run_dir, say, head):
+        if runs.status(run_dir) == "finished":  # as runs.ensure: skipped
+            return None
+        started.append(run_dir.name)
+        assert release[run_dir.name].wait(10)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "status.json").write_text(json.dumps({"status": "finished"}))
+
+    monkeypatch.setattr(runs, "ensure", fake_ensure)
+    out = tmp_path / "out"
+    study = labels.Study(argparse.Namespace(out=str(out), data=str(tmp_path), jobs=2), {})
+    pre, cells = out / "pretrain", out / "runs"
+
+    def wait_for(n):
+        for _ in range(1000):
+            if len(started) >= n:
+                return
+            threading.Event().wait(0.01)
+        raise AssertionError(f"only {started} started")
+
+    def go(run_dir):
+        t = threading.Thread(target=study.train, args=("c.yaml", run_dir, []))
+        t.start()
+        return t
+
+    threads = [go(pre / "teacher")]
+    wait_for(1)
+    threads.append(go(pre / "teacher"))  # the other norm's chain: waits for the run, not for a slot
+    threading.Event().wait(0.1)
+    threads.append(go(cells / "cell-a"))
+    wait_for(2)
+    assert started == ["teacher", "cell-a"]  # the second core is busy while the teacher trains
+    threads += [go(cells / "cell-b")]
+    threading.Event().wait(0.1)
+    threads += [go(pre / "tokens")]  # queued after cell-b, trains before it
+    threading.Event().wait(0.1)
+    release["teacher"].set()
+    wait_for(3)
+    assert started[2] == "tokens"
+    for name in ("cell-a", "cell-b", "tokens"):
+        release[name].set()
+    for t in threads:
+        t.join(10)
+    assert started == ["teacher", "cell-a", "tokens", "cell-b"]  # the teacher trained once
+    assert not study.failed
