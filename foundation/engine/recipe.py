@@ -46,7 +46,7 @@ class Recipe:
     label_field: str = ""  # the config field of the budget: train_per_class (vision) | train_fraction
     label_budgets: tuple[str, ...] = ()  # the study's budgets, scarcest first; "all" = every label
     label_unit: str = ""  # what a budget counts, for the tables and figures
-    pretrainings: tuple[str, ...] = ()
+    pretrainings: tuple[str, ...] = ()  # the one that pays first: --quick takes only the first
     label_steps: int = 0  # fine-tuning steps in every cell (0: the config's own)
     # what a fine-tuning from a pretraining adds to the config (compare labels, compare pretraining), as BEiT's
     # fine-tuning recipes add layer decay to what a from-scratch recipe uses: e.g. ("optim.layer_decay=0.65",)

@@ -179,3 +179,14 @@ def test_a_thread_waiting_for_a_run_holds_no_slot_and_pretrainings_go_first(tmp_
         t.join(10)
     assert started == ["teacher", "cell-a", "tokens", "cell-b"]  # the teacher trained once
     assert not study.failed
+
+
+def test_quick_takes_the_pretraining_that_pays(tmp_path, capsys):
+    """--quick fine-tunes from each task's first pretraining: for segmentation the scenes' MIM (which
+    reads the unlabelled pool, so without one it stops there), not MIM on the vision demo's shapes."""
+    from foundation_tasks.segmentation import demo as seg_demo
+
+    data = tmp_path / "data"
+    seg_demo.write(data / "ade-demo", seed=0, n_train=4, n_val=2, height=48, width=64)
+    assert labels.main(["--quick", "--tasks", "segmentation", "--data", str(data), "--out", str(tmp_path / "o")]) == 2
+    assert "ade-demo/unlabelled: no such folder; the 'scenes' pretraining" in capsys.readouterr().err
