@@ -39,6 +39,7 @@ import os
 import statistics
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -189,7 +190,7 @@ class Study:
 
     def train(self, config: str, run_dir: Path, overrides: Sequence[str]) -> bool:
         with self.lock:
-            lock = self.run_locks.setdefault(run_dir, threading.Lock())
+            lock = self.run_locks.setdefault(run_dir, threading.Lock())  # its keys: every run of the study
         with lock:  # the second caller finds it finished and reads it
             return self._train(config, run_dir, overrides)
 
@@ -272,11 +273,27 @@ def gain_text(base: Optional[float], best: Optional[float], higher: bool) -> str
     return f"{best - base:+.1f}" if higher else f"{best / base:.2f}x" if base else "-"
 
 
+def training_seconds(run_dirs: Sequence[Path]) -> tuple[float, float]:
+    """(pretraining, fine-tuning) seconds of training, first to last metrics record of each run, in
+    this invocation or an earlier one: on idle cores the study's wall time is about their sum / --jobs."""
+    total = {True: 0.0, False: 0.0}
+    for run_dir in run_dirs:
+        times = [r["time"] for r in runs.read_records(run_dir) if isinstance(r.get("time"), (int, float))]
+        if len(times) > 1:
+            total[run_dir.parent.name == "pretrain"] += times[-1] - times[0]
+    return total[True], total[False]
+
+
 def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]]], norms, seeds,
-           command: str) -> str:
+           command: str, timing: Optional[dict] = None) -> str:
     """report.md, results.json and labels.png from {(task, norm, budget, init): cell_stats}; plan:
-    (recipe, budgets, inits) per task."""
-    lines = ["# Label budgets: scratch vs pretrained", "", f"`{command}`", "",
+    (recipe, budgets, inits) per task; timing: wall_s, pretrain_s, finetune_s, jobs."""
+    took = [] if timing is None else [
+        f"This invocation took {timing['wall_s'] / 60:.0f} min of wall time, {timing['jobs']} runs at a time. Its "
+        f"runs' training (first to last metrics record, also of runs finished earlier) adds up to "
+        f"{(timing['pretrain_s'] + timing['finetune_s']) / 60:.0f} min: pretraining {timing['pretrain_s'] / 60:.0f}, "
+        f"fine-tuning {timing['finetune_s'] / 60:.0f}.", ""]
+    lines = ["# Label budgets: scratch vs pretrained", "", f"`{command}`", "", *took,
              f"The last evaluation of each run on the task's whole evaluation set (it never changes with the "
              f"budget); mean ± std over seeds {', '.join(map(str, seeds))}, per seed in brackets. Every cell of a "
              "task fine-tunes with the same recipe and steps (a pretrained start adds what its heading names, as BEiT's "
@@ -311,7 +328,7 @@ def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps(
-        {"command": command, "norms": list(norms), "seeds": list(seeds),
+        {"command": command, "norms": list(norms), "seeds": list(seeds), "timing": timing,
          "tasks": [{"task": r.task, "metric": r.metric_key, "higher_is_better": higher_is_better(r),
                     "budgets": b, "inits": i} for r, b, i in plan],
          "cells": results}, indent=1))
@@ -452,6 +469,7 @@ def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds
           f"{a.out}/", flush=True)
     weights: dict[tuple[str, str], Optional[Path]] = {}
     done = {k: threading.Event() for k in pretrainings}
+    start = time.perf_counter()
 
     def pretrain(key: tuple[str, str]) -> None:
         try:
@@ -477,7 +495,10 @@ def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds
     table = {(r.task, n, b, i): cell_stats([score(study.cell(r, n, b, i, s), r) for s in seeds])
              for r, budgets, inits in plan for n in norms for b in budgets for i in inits}
     Path(a.out).mkdir(parents=True, exist_ok=True)
-    print(report(Path(a.out), table, plan, norms, seeds, command))
+    pretrain_s, finetune_s = training_seconds(sorted(study.run_locks))
+    timing = {"wall_s": round(time.perf_counter() - start, 1), "jobs": a.jobs, "pretrain_s": round(pretrain_s, 1),
+              "finetune_s": round(finetune_s, 1)}
+    print(report(Path(a.out), table, plan, norms, seeds, command, timing))
     for f in study.failed:
         print(f"failed: {f}", file=sys.stderr)
     return 1 if study.failed else 0

@@ -33,6 +33,9 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
     assert all(c["mean"] is not None and 0 <= c["mean"] <= 100 for c in cells.values())
     report = (out / "report.md").read_text()
     assert "`configs/segmentation/tiny.yaml`; from a pretraining with `optim.layer_decay=0.65`" in report
+    timing = results["timing"]
+    assert timing["jobs"] == 2 and timing["wall_s"] > 0 and {"pretrain_s", "finetune_s"} <= set(timing)
+    assert "min of wall time, 2 runs at a time" in report
     assert "| magneto | 1 |" in report and "MIM, pixel target" in report and "## segmentation: mIoU" in report
     assert (out / "labels.png").stat().st_size > 10_000
     ft = (out / "runs" / "classification-magneto-1-pixels-s0" / "config.yaml").read_text()
@@ -190,3 +193,17 @@ def test_quick_takes_the_pretraining_that_pays(tmp_path, capsys):
     seg_demo.write(data / "ade-demo", seed=0, n_train=4, n_val=2, height=48, width=64)
     assert labels.main(["--quick", "--tasks", "segmentation", "--data", str(data), "--out", str(tmp_path / "o")]) == 2
     assert "ade-demo/unlabelled: no such folder; the 'scenes' pretraining" in capsys.readouterr().err
+
+
+def test_training_time_is_counted_per_kind_of_run(tmp_path):
+    """The report's time: each run's first to last metrics record, pretrainings apart from cells."""
+    def run(path, times):
+        path.mkdir(parents=True)
+        (path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time": t}) + "\n"
+                                                    for i, t in enumerate(times)))
+        return path
+
+    runs = [run(tmp_path / "pretrain" / "pixels-magneto", [100.0, 130.0, 160.0]),
+            run(tmp_path / "runs" / "classification-magneto-10-scratch-s0", [10.0, 40.0]),
+            run(tmp_path / "runs" / "classification-magneto-10-pixels-s0", [5.0])]  # one record: no span
+    assert labels.training_seconds(runs) == (60.0, 30.0)
