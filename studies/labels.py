@@ -416,6 +416,8 @@ def main(argv: Sequence[str]) -> int:
                             ("--teacher-steps", a.teacher_steps)):
             if value is not None and value <= 0:
                 raise ValueError(f"{flag}: must be a positive number of steps (got {value})")
+        if a.jobs < 1:
+            raise ValueError(f"--jobs: must be at least 1 (got {a.jobs})")
         seeds = parse_ints(a.seeds, "--seeds", "0,1")[:1 if a.quick else None]
         wanted = None if a.inits is None else [i.strip() for i in a.inits.split(",") if i.strip()]
         bad = [i for i in wanted or [] if i not in PRETRAININGS and i != "scratch"]

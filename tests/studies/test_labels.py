@@ -90,6 +90,8 @@ def test_bad_arguments_are_one_line(capsys):
     assert "unknown clip" in capsys.readouterr().err
     assert labels.main(["--tasks", "nlvr2"]) == 2
     assert "--tasks: nlvr2 fine-tunes from the vqa cells; add vqa" in capsys.readouterr().err
+    assert labels.main(["--jobs", "0"]) == 2
+    assert "--jobs: must be at least 1 (got 0)" in capsys.readouterr().err
     assert labels.main(["--tasks", "radar"]) == 2
     assert "--tasks: unknown radar" in capsys.readouterr().err
     assert labels.main(["--tasks", "asr", "--data", "nowhere"]) == 2
