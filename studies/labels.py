@@ -148,26 +148,46 @@ def higher_is_better(recipe: Recipe) -> bool:
 class Slots:
     """``n`` runs at a time, pretrainings first. A thread holds a slot only while its run trains, not
     while it waits for a run another thread trains (the teacher both token pretrainings need, the
-    pretraining a cell starts from), so a free core takes a scratch cell instead of idling; and a
-    pretraining, the chain every pretrained cell waits on, goes before any fine-tuning queued."""
+    pretraining a cell starts from), so a free core takes a scratch cell instead of idling. But no
+    fine-tuning takes a slot while a pretraining chain (the runs every pretrained cell waits on) is
+    between runs or waiting for one: ``unslotted`` counts the chains that hold no slot, are not waiting
+    for another chain's run and have not ended (``expect`` them before any fine-tuning starts)."""
 
     def __init__(self, n: int):
-        self.free, self.urgent_waiting, self.cv = n, 0, threading.Condition()
+        self.free, self.unslotted, self.cv = n, 0, threading.Condition()
+
+    def _add(self, chains: int) -> None:
+        with self.cv:
+            self.unslotted += chains
+            self.cv.notify_all()
+
+    def expect(self, chains: int) -> None:
+        self._add(chains)
+
+    def chain_done(self) -> None:
+        self._add(-1)
 
     @contextmanager
-    def take(self, urgent: bool):
+    def aside(self):
+        """A chain waiting for a run another chain trains."""
+        self._add(-1)
+        try:
+            yield
+        finally:
+            self._add(1)
+
+    @contextmanager
+    def take(self, chain: bool):
         with self.cv:
-            self.urgent_waiting += urgent
-            try:
-                self.cv.wait_for(lambda: self.free > 0 and (urgent or not self.urgent_waiting))
-            finally:
-                self.urgent_waiting -= urgent
+            self.cv.wait_for(lambda: self.free > 0 and (chain or self.unslotted <= 0))
             self.free -= 1
+            self.unslotted -= chain
         try:
             yield
         finally:
             with self.cv:
                 self.free += 1
+                self.unslotted += chain
                 self.cv.notify_all()
 
 
@@ -189,14 +209,20 @@ class Study:
         return str(Path(self.a.data) / self.folders[data])
 
     def train(self, config: str, run_dir: Path, overrides: Sequence[str]) -> bool:
+        chain = run_dir.parent == self.out / "pretrain"  # a pretraining chain's run, or a fine-tuning cell's
         with self.lock:
             lock = self.run_locks.setdefault(run_dir, threading.Lock())  # its keys: every run of the study
-        with lock:  # the second caller finds it finished and reads it
-            return self._train(config, run_dir, overrides)
+        if not lock.acquire(blocking=False):  # another thread trains it: wait aside, holding no slot
+            with self.slots.aside() if chain else nullcontext():
+                lock.acquire()
+        try:  # the second caller finds it finished and reads it
+            return self._train(config, run_dir, overrides, chain)
+        finally:
+            lock.release()
 
-    def _train(self, config: str, run_dir: Path, overrides: Sequence[str]) -> bool:
+    def _train(self, config: str, run_dir: Path, overrides: Sequence[str], chain: bool) -> bool:
         done = runs.status(run_dir) in runs.DONE  # read, not trained: it takes no slot
-        with nullcontext() if done else self.slots.take(urgent=run_dir.parent == self.out / "pretrain"):
+        with nullcontext() if done else self.slots.take(chain):
             failure = runs.ensure(Path(config), [*overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
                                                  "log.progress=false"], run_dir, say=self.say, head=f"  {run_dir.name}")
         if failure or runs.status(run_dir) != "finished":
@@ -477,6 +503,7 @@ def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds
         try:
             weights[key] = study.pretrain(*key)
         finally:
+            study.slots.chain_done()
             done[key].set()
 
     def finetune(cell) -> None:
@@ -489,6 +516,7 @@ def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds
 
     # a thread per run; `study.slots` lets --jobs of them train at once, pretrainings first, scratch
     # cells meanwhile; a fine-tuning waits for its pretraining without holding a slot
+    study.slots.expect(len(pretrainings))
     with ThreadPoolExecutor(max_workers=max(1, len(pretrainings) + len(cells))) as pool:
         jobs = [pool.submit(pretrain, k) for k in pretrainings]
         jobs += [pool.submit(finetune, c) for c in sorted(cells, key=lambda c: c[3] != "scratch")]

@@ -130,14 +130,15 @@ def test_vqa_from_the_pairs_pretraining_and_nlvr2_after_it(tmp_path, capsys):
 
 def test_a_thread_waiting_for_a_run_holds_no_slot_and_pretrainings_go_first(tmp_path, monkeypatch):
     """Two token pretrainings both need the teacher: while one trains it, the other waits without a
-    slot, so the second core trains a scratch cell; a queued pretraining goes before queued cells."""
+    slot, so the second core trains a scratch cell; a pretraining chain between its runs goes before
+    any fine-tuning queued, and so does one that has not yet asked (a chain is expected from the start)."""
     import argparse
     import threading
 
     from studies import runs
 
     started: list[str] = []
-    release = {name: threading.Event() for name in ("teacher", "cell-a", "cell-b", "cell-c", "tokens")}
+    release = {name: threading.Event() for name in ("teacher", "cell-a", "cell-b", "cell-c", "tokens", "pixels")}
 
     def fake_ensure(config, overrides, run_dir, say, head):
         if runs.status(run_dir) == "finished":  # as runs.ensure: skipped
@@ -152,6 +153,9 @@ def test_a_thread_waiting_for_a_run_holds_no_slot_and_pretrainings_go_first(tmp_
     study = labels.Study(argparse.Namespace(out=str(out), data=str(tmp_path), jobs=2), {})
     pre, cells = out / "pretrain", out / "runs"
 
+    def pause():
+        threading.Event().wait(0.1)
+
     def wait_for(n):
         for _ in range(1000):
             if len(started) >= n:
@@ -159,30 +163,42 @@ def test_a_thread_waiting_for_a_run_holds_no_slot_and_pretrainings_go_first(tmp_
             threading.Event().wait(0.01)
         raise AssertionError(f"only {started} started")
 
-    def go(run_dir):
-        t = threading.Thread(target=study.train, args=("c.yaml", run_dir, []))
+    def go(*run_dirs, chain=False):
+        def work():
+            try:
+                for run_dir in run_dirs:
+                    study.train("c.yaml", run_dir, [])
+            finally:
+                if chain:
+                    study.slots.chain_done()
+        t = threading.Thread(target=work)
         t.start()
         return t
 
-    threads = [go(pre / "teacher")]
+    study.slots.expect(2)  # two chains: teacher -> tokens (this norm), teacher -> ... (the other)
+    threads = [go(cells / "cell-a")]  # asks first, but both chains are expected
+    pause()
+    threads.append(go(pre / "teacher", pre / "tokens", chain=True))
     wait_for(1)
-    threads.append(go(pre / "teacher"))  # the other norm's chain: waits for the run, not for a slot
-    threading.Event().wait(0.1)
-    threads.append(go(cells / "cell-a"))
+    pause()
+    assert started == ["teacher"]  # the other chain has not asked yet: cell-a waits
+    threads.append(go(pre / "teacher", pre / "pixels", chain=True))  # waits for the teacher, holding no slot
     wait_for(2)
-    assert started == ["teacher", "cell-a"]  # the second core is busy while the teacher trains
-    threads += [go(cells / "cell-b")]
-    threading.Event().wait(0.1)
-    threads += [go(pre / "tokens")]  # queued after cell-b, trains before it
-    threading.Event().wait(0.1)
-    release["teacher"].set()
+    assert started == ["teacher", "cell-a"]  # so the second core trains a cell meanwhile
+    threads.append(go(cells / "cell-b"))
+    pause()
+    release["teacher"].set()  # both chains go on: the tokens and pixels runs before cell-b
     wait_for(3)
-    assert started[2] == "tokens"
-    for name in ("cell-a", "cell-b", "tokens"):
+    pause()
+    assert sorted(started[2:]) == ["tokens"] or sorted(started[2:]) == ["pixels"]
+    release["cell-a"].set()
+    wait_for(4)
+    assert sorted(started[2:]) == ["pixels", "tokens"]
+    for name in ("tokens", "pixels", "cell-b"):
         release[name].set()
     for t in threads:
         t.join(10)
-    assert started == ["teacher", "cell-a", "tokens", "cell-b"]  # the teacher trained once
+    assert started[4:] == ["cell-b"] and started.count("teacher") == 1
     assert not study.failed
 
 
