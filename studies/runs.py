@@ -229,5 +229,5 @@ def ensure(config: Path, overrides: Sequence[str], run_dir: Path, *, in_process:
     start = time.perf_counter()
     say(f"{head}: {'resuming' if resume else 'training'} ...")
     failure = train(config, [*overrides, *(["resume=true"] if resume else [])], run_dir, in_process)
-    say(f"{head}: done in {time.perf_counter() - start:.1f} s")
+    say(f"{head}: {'failed' if failure else 'done'} in {time.perf_counter() - start:.1f} s")
     return failure

@@ -163,6 +163,16 @@ def test_a_rerun_waits_for_a_run_still_held_and_judges_it_by_its_status(tmp_path
     assert "waiting for it to end" in said[0] and said[-1] == "[1/1] run: finished earlier, skipped"
 
 
+def test_a_run_that_fails_is_said_to_have_failed(tmp_path, monkeypatch):
+    monkeypatch.setattr(runs, "train", lambda *a, **k: "exit code 2: foundation train: error: ...")
+    said = []
+    assert runs.ensure(Path("cfg.yaml"), [], tmp_path / "run", say=said.append, head="  run").startswith("exit code 2")
+    assert said[0] == "  run: training ..." and said[-1].startswith("  run: failed in ")
+    monkeypatch.setattr(runs, "train", lambda *a, **k: "")
+    runs.ensure(Path("cfg.yaml"), [], tmp_path / "other", say=said.append, head="  other")
+    assert said[-1].startswith("  other: done in ")
+
+
 PARENT = """
 import sys
 from pathlib import Path
