@@ -383,7 +383,8 @@ def plot(path: Path, table: dict, plan, norms) -> None:
             ax.set_title(f"{recipe.task}, {norm}")
             ax.grid(alpha=0.3)
         row[0].set_ylabel(f"{recipe.metric} ({'higher' if higher_is_better(recipe) else 'lower'} is better)")
-        row[-1].legend(fontsize=8)
+        if row[-1].get_legend_handles_labels()[0]:  # nothing to name where every cell failed
+            row[-1].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
