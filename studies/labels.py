@@ -156,25 +156,22 @@ class Slots:
     def __init__(self, n: int):
         self.free, self.unslotted, self.cv = n, 0, threading.Condition()
 
-    def _add(self, chains: int) -> None:
+    def expect(self, chains: int) -> None:
         with self.cv:
             self.unslotted += chains
             self.cv.notify_all()
 
-    def expect(self, chains: int) -> None:
-        self._add(chains)
-
     def chain_done(self) -> None:
-        self._add(-1)
+        self.expect(-1)
 
     @contextmanager
     def aside(self):
         """A chain waiting for a run another chain trains."""
-        self._add(-1)
+        self.expect(-1)
         try:
             yield
         finally:
-            self._add(1)
+            self.expect(1)
 
     @contextmanager
     def take(self, chain: bool):
