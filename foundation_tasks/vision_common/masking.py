@@ -65,18 +65,26 @@ class MaskingGenerator:
         drawn: list[Block] = []
         count = 0
         log_lo, log_hi = math.log(self.min_aspect), math.log(self.max_aspect)
+        # ``lo + (hi - lo) * rng.random()`` is numpy's own ``rng.uniform(lo, hi)``, draw for draw, at a
+        # third of its cost: masks are drawn per item on the training loop's core, and patch-wise MAE
+        # masking tries ~90 blocks a mask
+        random, integers = rng.random, rng.integers
         while count < self.num_masking_patches:
             budget = min(self.num_masking_patches - count, self.max_num_patches)
             lo = min(self.min_num_patches, budget)
+            area_span = max(self.min_num_patches, budget) - lo
             for _ in range(self.attempts):
-                area = rng.uniform(lo, max(self.min_num_patches, budget))
-                aspect = math.exp(rng.uniform(log_lo, log_hi))
+                area = lo + area_span * random()
+                aspect = math.exp(log_lo + (log_hi - log_lo) * random())
                 h, w = round(math.sqrt(area * aspect)), round(math.sqrt(area / aspect))
                 if not (1 <= h <= H and 1 <= w <= W and h * w >= lo
                         and self.min_aspect <= h / w <= self.max_aspect):
                     continue
-                top, left = int(rng.integers(0, H - h + 1)), int(rng.integers(0, W - w + 1))
-                added = int(h * w - mask[top: top + h, left: left + w].sum())
+                top, left = int(integers(0, H - h + 1)), int(integers(0, W - w + 1))
+                if h * w == 1:
+                    added = 0 if mask[top, left] else 1
+                else:
+                    added = h * w - int(np.count_nonzero(mask[top: top + h, left: left + w]))
                 if 0 < added <= budget:
                     mask[top: top + h, left: left + w] = True
                     drawn.append(Block(top, left, h, w, added, budget))
