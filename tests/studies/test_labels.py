@@ -225,3 +225,36 @@ def test_training_time_is_counted_per_kind_of_run(tmp_path):
             run(tmp_path / "runs" / "classification-magneto-10-scratch-s0", [10.0, 40.0]),
             run(tmp_path / "runs" / "classification-magneto-10-pixels-s0", [5.0])]  # one record: no span
     assert labels.training_seconds(runs) == (60.0, 30.0)
+
+
+def test_each_pretraining_runs_as_long_as_paid_unless_told(tmp_path, monkeypatch):
+    """Without --pretrain-steps the token MIM runs 12,000 steps (distilling the pixels run, the config's
+    6,000 steps), the others their configs' length; --pretrain-steps sets every one."""
+    import argparse
+
+    from studies import runs
+
+    def lengths(pretrain_steps):
+        got: dict[str, list[str]] = {}
+
+        def fake_ensure(config, overrides, run_dir, say, head):
+            got[run_dir.name] = [o for o in overrides if o.startswith(("train.steps=", "tasks.0.teacher_run="))]
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "status.json").write_text(json.dumps({"status": "finished"}))
+
+        monkeypatch.setattr(runs, "ensure", fake_ensure)
+        out = tmp_path / f"out-{pretrain_steps}"
+        study = labels.Study(argparse.Namespace(out=str(out), data=str(tmp_path), jobs=1, pretrain_steps=pretrain_steps,
+                                                teacher_steps=None, pretrain=[]), {"vision": "v", "segmentation": "s"})
+        for init in ("scenes", "tokens"):
+            assert study.pretrain("preln", init) == out / "pretrain" / f"{init}-preln" / "best" / "model.safetensors"
+        return got
+
+    teacher = "pretrain/pixels-magneto/best/model.safetensors"
+    got = lengths(None)
+    assert got["scenes-preln"] == ["train.steps=6000"] and got["tokens-preln"] == ["train.steps=12000"]
+    assert got["pixels-magneto"] == ["train.steps=6000"] and got["tokenizer"][0] == "train.steps=3000"
+    assert got["tokenizer"][1].endswith(teacher)
+    got = lengths(500)
+    assert got["scenes-preln"] == got["tokens-preln"] == got["pixels-magneto"] == ["train.steps=500"]
+    assert got["tokenizer"][0] == "train.steps=500" and got["tokenizer"][1].endswith(teacher)
