@@ -228,8 +228,8 @@ def test_training_time_is_counted_per_kind_of_run(tmp_path):
 
 
 def test_each_pretraining_runs_as_long_as_paid_unless_told(tmp_path, monkeypatch):
-    """Without --pretrain-steps the token MIM runs 12,000 steps (distilling the pixels run, the config's
-    6,000 steps), the others their configs' length; --pretrain-steps sets every one."""
+    """Without --pretrain-steps the scenes' MIM runs 18,000 steps and the token MIM 12,000 (distilling
+    the pixels run, the config's 6,000 steps); --pretrain-steps sets every one."""
     import argparse
 
     from studies import runs
@@ -252,7 +252,7 @@ def test_each_pretraining_runs_as_long_as_paid_unless_told(tmp_path, monkeypatch
 
     teacher = "pretrain/pixels-magneto/best/model.safetensors"
     got = lengths(None)
-    assert got["scenes-preln"] == ["train.steps=6000"] and got["tokens-preln"] == ["train.steps=12000"]
+    assert got["scenes-preln"] == ["train.steps=18000"] and got["tokens-preln"] == ["train.steps=12000"]
     assert got["pixels-magneto"] == ["train.steps=6000"] and got["tokenizer"][0] == "train.steps=3000"
     assert got["tokenizer"][1].endswith(teacher)
     got = lengths(500)
