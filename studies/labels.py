@@ -109,6 +109,17 @@ def pretrain_steps(init: str, given: Optional[int]) -> int:
     return given or p.steps or config_steps(p.config)
 
 
+def other_config(config: str, overrides: Sequence[str], run_dir: Path) -> str:
+    """The fields in which the run ``run_dir`` already holds differs from this one ('' if none, or no run)."""
+    if not (run_dir / "config.yaml").is_file():
+        return ""
+    from foundation.config import to_dict
+    from foundation.engine.config import load_config
+
+    differ = runs.config_mismatch(run_dir, to_dict(load_config(config, overrides, check_data=False)[0]))
+    return ", ".join(differ[:6]) + (" ..." if len(differ) > 6 else "")
+
+
 def label_recipes() -> list[Recipe]:
     """The tasks with label budgets, and those that start from one of theirs (NLVR2 from VQA)."""
     from studies.recipes import recipes
@@ -228,10 +239,15 @@ class Study:
             lock.release()
 
     def _train(self, config: str, run_dir: Path, overrides: Sequence[str], chain: bool) -> bool:
+        overrides = [*overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}", "log.progress=false"]
+        differ = other_config(config, overrides, run_dir)
+        if differ:  # a finished run would be read as this one: e.g. a pretraining of another length
+            self.failed.append(f"{run_dir} holds a run of another configuration ({differ} differ); give --out "
+                               "another directory, or delete that run")
+            return False
         done = runs.status(run_dir) in runs.DONE  # read, not trained: it takes no slot
         with nullcontext() if done else self.slots.take(chain):
-            failure = runs.ensure(Path(config), [*overrides, f"output_dir={run_dir.parent}", f"run_name={run_dir.name}",
-                                                 "log.progress=false"], run_dir, say=self.say, head=f"  {run_dir.name}")
+            failure = runs.ensure(Path(config), overrides, run_dir, say=self.say, head=f"  {run_dir.name}")
         if failure or runs.status(run_dir) != "finished":
             self.failed.append(f"{run_dir}: {failure or runs.status(run_dir)}")
             return False

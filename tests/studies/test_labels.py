@@ -62,16 +62,17 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
 
 def test_a_teacher_of_its_own_length(tmp_path, capsys):
     """--teacher-steps: the tokenizer distils a pixel-MIM run of that length, not the pixels
-    pretraining (which is then not trained unless an init asks for it)."""
+    pretraining (which is then not trained unless an init asks for it). A run folder that holds
+    another configuration is refused, not read as the run asked for."""
     from foundation_tasks.classification import demo
 
     data = tmp_path / "data"
     demo.write_dataset(data / "vision-demo", seed=0, size=32, train_per_class=2, val_per_class=1, num_classes=10)
     out = tmp_path / "out"
-    assert labels.main(["--data", str(data), "--out", str(out), "--tasks", "classification", "--inits", "tokens",
-                        "--norms", "magneto", "--seeds", "0", "--budgets", "1", "--steps", "1", "--pretrain-steps",
-                        "2", "--teacher-steps", "3", "--finetune", "train.batch_size=8", "eval.batch_size=20",
-                        "--pretrain", "train.batch_size=8"]) == 0
+    argv = ["--data", str(data), "--out", str(out), "--tasks", "classification", "--inits", "tokens", "--norms",
+            "magneto", "--seeds", "0", "--budgets", "1", "--steps", "1", "--pretrain-steps", "2", "--teacher-steps",
+            "3", "--finetune", "train.batch_size=8", "eval.batch_size=20", "--pretrain", "train.batch_size=8"]
+    assert labels.main(argv) == 0
     pre = out / "pretrain"
     assert sorted(p.name for p in pre.iterdir()) == ["teacher-3", "tokenizer-teacher-3", "tokens-magneto"]
     assert "steps: 3\n" in (pre / "teacher-3" / "config.yaml").read_text()
@@ -79,6 +80,15 @@ def test_a_teacher_of_its_own_length(tmp_path, capsys):
     tokens = (pre / "tokens-magneto" / "config.yaml").read_text()
     assert "steps: 2\n" in tokens and "tokenizer-teacher-3/best/model.safetensors" in tokens
     capsys.readouterr()
+    # the same folder asked for pretrainings of another length (the tokenizer's is min(3000, N) too):
+    # the runs there are not read as these
+    argv[argv.index("--pretrain-steps") + 1] = "4"
+    assert labels.main(argv) == 1
+    captured = capsys.readouterr()
+    assert "training ..." not in captured.out
+    assert captured.err == (f"failed: {pre / 'tokenizer-teacher-3'} holds a run of another configuration (train.steps "
+                            "differ); give --out another directory, or delete that run\n")
+    assert "steps: 2\n" in (pre / "tokens-magneto" / "config.yaml").read_text()
     assert labels.main(["--teacher-steps", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith("--teacher-steps: must be a positive number of steps (got 0)")
 
