@@ -109,14 +109,29 @@ def pretrain_steps(init: str, given: Optional[int]) -> int:
     return given or p.steps or config_steps(p.config)
 
 
+def study_path(value) -> Optional[str]:
+    """A path into a study folder from that folder on (``pretrain/...``, ``runs/...``), else None."""
+    parts = Path(value).parts if isinstance(value, str) else ()
+    starts = [i for i, part in enumerate(parts) if part in ("pretrain", "runs")]
+    return "/".join(parts[starts[-1]:]) if starts else None
+
+
 def other_config(config: str, overrides: Sequence[str], run_dir: Path) -> str:
-    """The fields in which the run ``run_dir`` already holds differs from this one ('' if none, or no run)."""
-    if not (run_dir / "config.yaml").is_file():
+    """The fields in which the run ``run_dir`` already holds differs from this one ('' if none, or no run).
+    A start inside the study's folder (``init_from``, the teacher, the tokenizer) is compared from that
+    folder on, so a study moved elsewhere is still itself."""
+    saved = run_dir / "config.yaml"
+    if not saved.is_file():
         return ""
+    from omegaconf import OmegaConf
+
     from foundation.config import to_dict
     from foundation.engine.config import load_config
+    from foundation.engine.rundir import config_changes
 
-    differ = runs.config_mismatch(run_dir, to_dict(load_config(config, overrides, check_data=False)[0]))
+    old = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
+    new = to_dict(load_config(config, overrides, check_data=False)[0])
+    differ = [k for k, was, now in config_changes(old, new) if study_path(was) is None or study_path(was) != study_path(now)]
     return ", ".join(differ[:6]) + (" ..." if len(differ) > 6 else "")
 
 

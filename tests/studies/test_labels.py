@@ -79,7 +79,14 @@ def test_a_teacher_of_its_own_length(tmp_path, capsys):
     assert "pretrain/teacher-3/best/model.safetensors" in (pre / "tokenizer-teacher-3" / "config.yaml").read_text()
     tokens = (pre / "tokens-magneto" / "config.yaml").read_text()
     assert "steps: 2\n" in tokens and "tokenizer-teacher-3/best/model.safetensors" in tokens
+    # a study moved elsewhere is still itself: its starts are compared from the study's folder on
+    out.rename(tmp_path / "moved")
+    out = tmp_path / "moved"
+    pre = out / "pretrain"
+    argv[argv.index("--out") + 1] = str(out)
     capsys.readouterr()
+    assert labels.main(argv) == 0
+    assert "training ..." not in capsys.readouterr().out
     # the same folder asked for pretrainings of another length (the tokenizer's is min(3000, N) too):
     # the runs there are not read as these
     argv[argv.index("--pretrain-steps") + 1] = "4"
