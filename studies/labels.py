@@ -348,9 +348,11 @@ def training_seconds(run_dirs: Sequence[Path]) -> tuple[float, float]:
 
 
 def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]]], norms, seeds,
-           command: str, timing: Optional[dict] = None) -> str:
+           command: str, timing: Optional[dict] = None, lengths: Optional[dict] = None) -> str:
     """report.md, results.json and labels.png from {(task, norm, budget, init): cell_stats}; plan:
-    (recipe, budgets, inits) per task; timing: wall_s, pretrain_s, finetune_s, jobs."""
+    (recipe, budgets, inits) per task; timing: wall_s, pretrain_s, finetune_s, jobs; lengths: the
+    pretrainings' steps, {init: steps}."""
+    lengths = lengths or {}
     took = [] if timing is None else [
         f"This invocation took {timing['wall_s'] / 60:.0f} min of wall time, {timing['jobs']} runs at a time. Its "
         f"runs' training (first to last metrics record, also of runs finished earlier) adds up to "
@@ -369,7 +371,8 @@ def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]
                            if recipe.pretrained_overrides else "")
         lines += [f"## {recipe.task}: {recipe.metric} ({'higher' if higher else 'lower'} is better), "
                   f"`{recipe.config}`{from_pretrained}", "",
-                  f"| norm | {unit(recipe)} | " + " | ".join(INIT_LABELS[i] for i in inits) + " | gain |",
+                  f"| norm | {unit(recipe)} | " + " | ".join(INIT_LABELS[i] + (f", {lengths[i]:,} steps" if i in lengths
+                                                                                else "") for i in inits) + " | gain |",
                   "|" + "---|" * (3 + len(inits))]
         for norm in norms:
             for b in budgets:
@@ -391,7 +394,7 @@ def report(out: Path, table: dict, plan: list[tuple[Recipe, list[str], list[str]
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     (out / "results.json").write_text(json.dumps(
-        {"command": command, "norms": list(norms), "seeds": list(seeds), "timing": timing,
+        {"command": command, "norms": list(norms), "seeds": list(seeds), "timing": timing, "pretrain_steps": lengths,
          "tasks": [{"task": r.task, "metric": r.metric_key, "higher_is_better": higher_is_better(r),
                     "budgets": b, "inits": i} for r, b, i in plan],
          "cells": results}, indent=1))
@@ -566,7 +569,8 @@ def run_study(a: argparse.Namespace, folders: dict[str, str], plan, norms, seeds
     pretrain_s, finetune_s = training_seconds(sorted(study.run_locks))
     timing = {"wall_s": round(time.perf_counter() - start, 1), "jobs": a.jobs, "pretrain_s": round(pretrain_s, 1),
               "finetune_s": round(finetune_s, 1)}
-    print(report(Path(a.out), table, plan, norms, seeds, command, timing))
+    lengths = {i: pretrain_steps(i, a.pretrain_steps) for _, _, inits in plan for i in inits[1:]}
+    print(report(Path(a.out), table, plan, norms, seeds, command, timing, lengths))
     for f in study.failed:
         print(f"failed: {f}", file=sys.stderr)
     return 1 if study.failed else 0

@@ -36,7 +36,8 @@ def test_label_budget_study_from_nothing(tmp_path, capsys):
     timing = results["timing"]
     assert timing["jobs"] == 2 and timing["wall_s"] > 0 and {"pretrain_s", "finetune_s"} <= set(timing)
     assert "min of wall time, 2 runs at a time" in report
-    assert "| magneto | 1 |" in report and "MIM, pixel target" in report and "## segmentation: mIoU" in report
+    assert "| magneto | 1 |" in report and "| MIM, pixel target, 2 steps |" in report and "## segmentation: mIoU" in report
+    assert results["pretrain_steps"] == {"pixels": 2, "tokens": 2, "scenes": 2}
     assert (out / "labels.png").stat().st_size > 10_000
     ft = (out / "runs" / "classification-magneto-1-pixels-s0" / "config.yaml").read_text()
     assert "train_per_class: 1" in ft and "subset_seed: 0" in ft and "pretrain/pixels-magneto" in ft
