@@ -131,7 +131,9 @@ def other_config(config: str, overrides: Sequence[str], run_dir: Path) -> str:
 
     old = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
     new = to_dict(load_config(config, overrides, check_data=False)[0])
-    differ = [k for k, was, now in config_changes(old, new) if study_path(was) is None or study_path(was) != study_path(now)]
+    starts = ("init_from", ".teacher_run", ".tokenizer")  # the fields the study points into its own folder
+    differ = [k for k, was, now in config_changes(old, new)
+              if not k.endswith(starts) or study_path(was) is None or study_path(was) != study_path(now)]
     return ", ".join(differ[:6]) + (" ..." if len(differ) > 6 else "")
 
 
