@@ -120,20 +120,16 @@ def other_config(config: str, overrides: Sequence[str], run_dir: Path) -> str:
     """The fields in which the run ``run_dir`` already holds differs from this one ('' if none, or no run).
     A start inside the study's folder (``init_from``, the teacher, the tokenizer) is compared from that
     folder on, so a study moved elsewhere is still itself."""
-    saved = run_dir / "config.yaml"
-    if not saved.is_file():
+    if not (run_dir / "config.yaml").is_file():
         return ""
-    from omegaconf import OmegaConf
-
     from foundation.config import to_dict
     from foundation.engine.config import load_config
-    from foundation.engine.rundir import config_changes
 
-    old = OmegaConf.to_container(OmegaConf.load(saved), resolve=True)
-    new = to_dict(load_config(config, overrides, check_data=False)[0])
-    starts = ("init_from", ".teacher_run", ".tokenizer")  # the fields the study points into its own folder
-    differ = [k for k, was, now in config_changes(old, new)
-              if not k.endswith(starts) or study_path(was) is None or study_path(was) != study_path(now)]
+    def same_start(key: str, was, now) -> bool:
+        return key.endswith(("init_from", ".teacher_run", ".tokenizer")) and study_path(was) is not None \
+            and study_path(was) == study_path(now)
+
+    differ = runs.config_mismatch(run_dir, to_dict(load_config(config, overrides, check_data=False)[0]), same_start)
     return ", ".join(differ[:6]) + (" ..." if len(differ) > 6 else "")
 
 

@@ -113,9 +113,11 @@ def status(run_dir: str | Path) -> Optional[str]:
     return info["status"] if info else None
 
 
-def config_mismatch(run_dir: Path, wanted: dict) -> list[str]:
+def config_mismatch(run_dir: Path, wanted: dict,
+                    same: Optional[Callable[[str, Any, Any], bool]] = None) -> list[str]:
     """Keys whose value in ``run_dir/config.yaml`` differs from ``wanted`` (a resolved config
-    as a dict); settings that do not change the result (logging, resume) are ignored."""
+    as a dict); settings that do not change the result (logging, resume) are ignored, and so is
+    a difference ``same(key, saved, wanted)`` accepts."""
     from omegaconf import OmegaConf
 
     path = run_dir / "config.yaml"
@@ -124,7 +126,8 @@ def config_mismatch(run_dir: Path, wanted: dict) -> list[str]:
     from foundation.engine.rundir import config_changes
 
     # the engine's own rule for what a run's result depends on (rundir.FREE may differ)
-    return [k for k, _, _ in config_changes(OmegaConf.to_container(OmegaConf.load(path), resolve=True), wanted)]
+    return [k for k, was, now in config_changes(OmegaConf.to_container(OmegaConf.load(path), resolve=True), wanted)
+            if same is None or not same(k, was, now)]
 
 
 # ---------------------------------------------------------------------------- launching
