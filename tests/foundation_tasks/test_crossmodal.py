@@ -250,10 +250,13 @@ def test_shipped_configs_resolve(norm):
     cfg, specs = load_config(REPO / "configs/crossmodal/tiny.yaml", [f"backbone.norm={norm}"], check_data=False)
     assert cfg.backbone.norm == norm and cfg.run_name == f"crossmodal-tiny-{norm}"
     assert cfg.backbone.experts == EXPERTS and cfg.backbone.shared_attention and cfg.train.mix == "sum"
-    assert [s.name for s in specs] == ["mim", "vl_pretrain", "vl_pretrain", "vl_pretrain", "best_rq"]
+    assert [s.name for s in specs] == ["mim", "vl_pretrain", "best_rq"]
     assert {s.cls.modality for s in specs} == {"vision", None, "speech"}
     # the MIM target that pays where labels are scarce (needs no tokenizer); the VQA recipe's stem, so it loads there
-    assert specs[0].config.target == "pixels" and all(s.config.conv_stem for s in specs[1:4])
+    assert specs[0].config.target == "pixels" and specs[1].config.conv_stem
+    # the VL entry is the pairs recipe that pays at 10 % of the questions, field for field
+    _, pairs = load_config(REPO / "configs/vl/tiny_pretrain_pairs.yaml", [f"backbone.norm={norm}"], check_data=False)
+    assert specs[1].config == pairs[0].config
     cfg, _ = load_config(REPO / "configs/crossmodal/tiny.yaml", [f"backbone.norm={norm}", "backbone.experts=[]", "backbone.shared_attention=false"], check_data=False)
     assert cfg.backbone.experts == []
     cfg, specs = load_config(REPO / "configs/best_rq/tiny.yaml", [f"backbone.norm={norm}"], check_data=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ from omegaconf import OmegaConf
 from foundation.engine.config import load_config
 from foundation.engine.recipe import Recipe
 from studies import pretraining as cp
+
+REPO = Path(__file__).resolve().parents[2]
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -134,6 +137,16 @@ def test_the_tasks_come_from_their_recipes():
         ("classification", "vision", "configs/vision/tiny_finetune.yaml", 100),
         ("segmentation", "vision", "configs/segmentation/tiny.yaml", 1)]
     assert all(r.modality in cp.PRETRAIN_RUNS for r in cp.finetunes())
+
+
+def test_the_runs_keep_the_entries_of_the_shipped_config():
+    """The cross-modal run keeps every entry of configs/crossmodal/tiny.yaml and each single-modality
+    run a part of them, every entry in exactly one single-modality run."""
+    _, specs = load_config(REPO / cp.PRETRAIN_CONFIG, [], check_data=False)
+    ids = [s.id for s in specs]
+    assert list(cp.PRETRAIN_RUNS["crossmodal"]) == ids
+    single = [i for run, keep in cp.PRETRAIN_RUNS.items() if run != "crossmodal" for i in keep]
+    assert sorted(single) == sorted(ids)
 
 
 def test_scarce_fine_tunes_every_init_on_the_scarcest_budget(tmp_path, write_config):
