@@ -1,4 +1,4 @@
-"""Replays the stability guard's giveback rule (``foundation.engine.guard.GivebackRule``, the
+"""Replays the stability guard's giveback rule (``foundation.engine.guard_rules.GivebackRule``, the
 engine's own class) on the training losses runs logged, to see where it fires: in runs that
 learnt and then lost it (it should) and in healthy runs (false alarms).
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from foundation.engine.guard import GIVEBACK_STEPS, GivebackRule  # noqa: E402
+from foundation.engine.guard_rules import GIVEBACK_STEPS, GivebackRule  # noqa: E402
 from studies.runs import read_records, train_losses  # noqa: E402
 from studies.verdict import phase_starts  # noqa: E402
 

@@ -7,7 +7,7 @@ cries wolf, on the runs of a stability study that measured the model update.
     foundation compare guard runs/guard --search --signal grad_norm   # the same rule on another logged series
     foundation compare guard runs/guard --signal attention/logit_max   # the attention rule (guard.attention=0.2)
 
-The guard's rule (``foundation.engine.guard.Guard``: the update per unit of learning rate against
+The guard's rule (``foundation.engine.guard_rules.Guard``: the update per unit of learning rate against
 ``factor`` x the median of the last ``window`` healthy measurements, after ``warmup`` of them;
 and, as the engine does, the training loss against ``loss_factor`` x its own recent median) is
 replayed offline on each run's logged ``update/output`` series, taking every ``every``-th
@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from foundation.engine.config import GuardConfig
-from foundation.engine.guard import ATTENTION_EVERY, ATTENTION_SPAN, AttentionRule, Guard, LossRule
+from foundation.engine.guard import ATTENTION_EVERY, ATTENTION_SPAN, AttentionRule
+from foundation.engine.guard_rules import Guard, LossRule
 from studies.runs import read_records, train_losses
 from studies.verdict import loss_spike, phase_starts
 

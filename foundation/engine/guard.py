@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import copy
 import math
-import statistics
 from collections import deque
 from typing import Any, Optional
 
@@ -45,6 +44,7 @@ import torch
 from torch import nn
 
 from foundation.engine.data import seeded
+from foundation.engine.guard_rules import GivebackRule, Guard, LossRule
 
 ATTENTION_SPAN = 4  # the attention rule judges the largest logit's growth over this many steps
 # ... read at every second step: half the cost, and on the ladders' logged series the same warnings
@@ -52,12 +52,6 @@ ATTENTION_SPAN = 4  # the attention rule judges the largest logit's growth over 
 # step, and 2 of 16 calm runs fired in); the rule judges a subset of its every-step comparisons
 ATTENTION_EVERY = 2
 PROBE_SEED = 20_240_917  # the probe forward's RNG (masks a head may draw); restored after
-LOSS_STEPS = 3  # the loss rule judges the median of this many last training losses
-GIVEBACK_STEPS = 30  # the giveback rule judges the median of this many last training losses
-GIVEBACK_ARMED = 0.25  # ... once the run's best is at least this far (relative) below its first
-GIVEBACK_NOISE = 4.0  # ... and by more than this many standard errors of that median
-
-
 def first_tensor(value: Any) -> Optional[torch.Tensor]:
     if isinstance(value, torch.Tensor):
         return value
@@ -169,129 +163,6 @@ class UpdateMonitor:
     def reset(self) -> None:
         """After a rollback: the next measurement only sets the reference."""
         self.prev_out, self.prev_weights = None, None
-
-
-class Guard:
-    """Judges each ``update/output`` (per unit of learning rate) against the median of the last
-    ``window`` healthy ones; ``check(step, value, lr)`` -> None or the firing's record.
-
-    An episode starts above ``factor`` x that level and ends only once the value is back under
-    sqrt(factor) x it (hysteresis): a loss that keeps climbing, dipping under the threshold now and
-    then, is one episode and one warning, and what it reads meanwhile never enters the level."""
-
-    def __init__(self, factor: float, window: int, warmup: int):
-        self.factor, self.warmup = factor, warmup
-        self.clear = factor ** 0.5
-        self.recent: deque[float] = deque(maxlen=window)
-        self.firing = False  # inside an episode: one warning per episode
-        self.peak_lr = 0.0
-
-    def check(self, step: int, update: float, lr: float) -> Optional[dict[str, float]]:
-        # per unit of the largest lr so far: the current lr while it warms up; after its peak, as
-        # the schedule decays, the update shrinks more slowly than the lr (dividing by the
-        # current lr made the end of every healthy decaying run look like a jump)
-        self.peak_lr = max(self.peak_lr, lr)
-        rate = update / self.peak_lr if self.peak_lr > 0 else update
-        if len(self.recent) < self.warmup or not self.recent:
-            self.recent.append(rate)
-            return None
-        level = statistics.median(self.recent)
-        if rate > self.factor * level or rate != rate:  # NaN fires too
-            new = not self.firing
-            self.firing = True
-            return {"step": step, "update": update, "rate": rate, "level": level, "new_episode": new}
-        if self.firing and rate > self.clear * level:
-            return None  # still inside the episode
-        self.firing = False
-        self.recent.append(rate)  # only healthy measurements set the level
-        return None
-
-
-class LossRule:
-    """The loss rule: the median of the last ``LOSS_STEPS`` training losses (one hard batch is no
-    jump, a blow-up is) judged by a ``Guard`` as it is (no lr). ``check(step, loss)`` -> None or
-    the firing's record; the engine keeps one per kind of step, ``foundation compare guard``
-    replays it on logged losses."""
-
-    def __init__(self, factor: float, window: int, warmup: int):
-        self.guard = Guard(factor, window, warmup)
-        self.last: deque[float] = deque(maxlen=LOSS_STEPS)
-
-    @property
-    def firing(self) -> bool:
-        return self.guard.firing
-
-    def check(self, step: int, loss: float) -> Optional[dict[str, float]]:
-        self.last.append(loss)
-        return self.guard.check(step, statistics.median(self.last), 0.0)
-
-    def rolled_back(self) -> None:
-        """The losses it holds are gone with the steps rolled back; no episode is open."""
-        self.guard.firing = False
-        self.last.clear()
-
-
-class GivebackRule:
-    """A run that learnt and then lost it: the training loss (the median of the last
-    ``GIVEBACK_STEPS`` steps', which no noisy batch moves) has given back more than ``giveback`` of
-    the progress it had made, first -> best. Armed only once the run has made real progress (its best
-    at most ``1 - GIVEBACK_ARMED`` x its first), so a run that never left its plateau is not judged.
-
-    The update and loss rules miss this failure: on the 12-layer seq2seq ladder with a 100-step
-    warm-up, lr 0.03 takes DeepNorm's and Pre-LN's loss from 2.7 to 1.4-1.7 and then, as the lr
-    peaks, back to the 2.4 plateau over 40-60 steps, each step within 1.5x of the recent ones.
-    Calibrated on logged losses (benchmarks/guard_giveback.py, docs/studies.md): 30 steps and 0.5
-    catch 7 of those 8 collapses and fire in none of ~80 healthy runs of the ladders and the tiny
-    recipes; 10 or 20 steps, or 0.3-0.4, fire in noisy NLVR2 runs.
-    ``check(step, loss)`` -> None or the firing's record (``update``: the smoothed loss, ``level``: its best)."""
-
-    def __init__(self, giveback: float, steps: int = 0):
-        self.giveback = giveback
-        self.last: deque[float] = deque(maxlen=steps or GIVEBACK_STEPS)
-        self.first: Optional[float] = None
-        self.best = float("inf")
-        self.firing = False
-
-    @property
-    def smoothed(self) -> Optional[float]:
-        return statistics.median(self.last) if len(self.last) == self.last.maxlen else None
-
-    @property
-    def at_best(self) -> bool:
-        """The loss is at its best so far, now and not only on average (the 30-step median lags a
-        climb by up to 15 steps; the last few losses do not): a state worth rolling back to."""
-        s = self.smoothed
-        return s is not None and s <= self.best and statistics.median(list(self.last)[-LOSS_STEPS:]) <= self.best
-
-    def check(self, step: int, loss: float) -> Optional[dict[str, float]]:
-        self.last.append(loss)
-        s = self.smoothed
-        if s is None:
-            return None
-        if self.first is None:
-            self.first = self.best = s
-            return None
-        self.best = min(self.best, s)
-        progress = self.first - self.best
-        armed = self.best <= (1 - GIVEBACK_ARMED) * self.first
-        # and beyond the noise: the best is the lowest of many noisy medians, so a median a few of its
-        # standard errors (1.25 x the losses' robust std / sqrt(n)) above it is no change at all
-        mad = statistics.median(abs(x - s) for x in self.last)
-        noise = GIVEBACK_NOISE * 1.25 * 1.4826 * mad / len(self.last) ** 0.5
-        if armed and s > self.best + max(self.giveback * progress, noise):
-            new = not self.firing
-            self.firing = True
-            return {"step": step, "update": s, "rate": (s - self.best) / progress, "level": self.best,
-                    "first": self.first, "new_episode": new}
-        if self.firing and s > self.best + 0.5 * self.giveback * progress:
-            return None  # still inside the episode (hysteresis, as the other rules)
-        self.firing = False
-        return None
-
-    def rolled_back(self) -> None:
-        """Back at (or near) the best state: its losses start a new window; first and best stay."""
-        self.firing = False
-        self.last.clear()
 
 
 class AttentionWatch:
@@ -430,6 +301,7 @@ class Stability:
         # one loss level per set of tasks a step trains and their phases (train.mix: sample draws tasks
         # whose losses differ; the ASR head adds its transducer loss at rnnt_start)
         self.loss_rules: dict[tuple, LossRule] = {}
+        self.loss_first: dict[str, float] = {}  # each kind's first loss, from a resumed run's checkpoint
         self.giveback_rules: dict[tuple, GivebackRule] = {}
         self.attention = AttentionWatch(model) if cfg.attention else None
         self.attention_rules: dict[tuple, AttentionRule] = {}
@@ -491,7 +363,8 @@ class Stability:
                         fired.update(signal="update", new_episode=fired["new_episode"] and not self.loss_guard_firing)
             if self.cfg.loss_factor and loss == loss:
                 rule = self.loss_rules.get(kind) or self.loss_rules.setdefault(
-                    kind, LossRule(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup))  # built once per kind
+                    kind, LossRule(self.cfg.loss_factor, self.cfg.window, self.cfg.warmup,
+                                   self.loss_first.get(repr(kind))))  # built once per kind
                 by_loss = rule.check(step, loss)
                 if by_loss is not None and fired is None:
                     fired = {**by_loss, "signal": "loss", "new_episode": by_loss["new_episode"] and not self.guard.firing}
@@ -569,10 +442,13 @@ class Stability:
             self.attention.close()
 
     def state_dict(self) -> dict:
-        return {"recoveries": self.recoveries, "actions": self.actions}
+        # each loss rule's first loss (its floor): a run resumed near a loss of zero keeps the floor of its start
+        first = {**self.loss_first, **{repr(k): r.first for k, r in self.loss_rules.items() if r.first is not None}}
+        return {"recoveries": self.recoveries, "actions": self.actions, "loss_first": first}
 
     def load_state_dict(self, state: dict) -> None:
         self.recoveries, self.actions = int(state["recoveries"]), list(state["actions"])
+        self.loss_first = dict(state.get("loss_first", {}))
 
 
 def describe(action: dict[str, Any], step: int, max_recoveries: int) -> str:

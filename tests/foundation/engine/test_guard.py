@@ -13,7 +13,8 @@ import torch
 from foundation.config import ConfigError
 from foundation.engine.config import resolve
 from foundation.engine.blowup import LossWatch
-from foundation.engine.guard import Guard, UpdateMonitor
+from foundation.engine.guard import UpdateMonitor
+from foundation.engine.guard_rules import Guard
 from foundation.engine.loop import build_model, train
 
 from support import read_records
@@ -247,7 +248,7 @@ def test_a_decaying_schedule_is_not_a_jump_but_a_jump_after_the_peak_is():
     more slowly than a cosine decay (as Adam's does) never fires; a 10x jump in the decay does."""
     import math
 
-    from foundation.engine.guard import Guard
+    from foundation.engine.guard_rules import Guard
 
     def run(jump_at=None):
         guard, fired = Guard(factor=4.0, window=20, warmup=5), []
@@ -292,6 +293,43 @@ def test_a_loss_jump_fires_even_when_the_update_does_not(tmp_path):
     assert all(off.after_step(s, 1e-3, True, 100.0 * s, ())[1] == {} for s in range(1, 30))
     with pytest.raises(ConfigError, match="guard.loss_factor"):
         GuardConfig(loss_factor=0.5)
+
+
+def test_a_loss_near_zero_that_triples_is_no_jump_but_a_spike_is(tmp_path):
+    """The loss rule's floor: near a loss of zero the factor reads noise (0.003 -> 0.010 is 3.3x), so a
+    rise must also be LOSS_FLOOR of the first loss; a spike a fifth of the first loss high fires. The
+    first loss travels in the guard's state, so a resumed run keeps the floor of its start."""
+    from foundation.engine.config import GuardConfig
+    from foundation.engine.guard import Stability
+    from foundation.engine.guard_rules import LOSS_FLOOR, LossRule
+
+    def losses(blip: float) -> list[float]:
+        fall = [2.6 * 0.8 ** i for i in range(30)]  # 2.6 -> 0.003
+        return fall + [0.003] * 20 + [blip] * 3 + [0.003] * 5
+
+    def fired(rule: LossRule, series: list[float]) -> list[int]:
+        records = [(step, rule.check(step, loss)) for step, loss in enumerate(series, 1)]
+        return [step for step, r in records if r is not None and r["new_episode"]]  # one warning an episode
+
+    assert fired(LossRule(3.0, 20, 5), losses(0.010)) == []  # 3.3x, a rise of 0.3 % of the first loss
+    assert fired(LossRule(3.0, 20, 5), losses(0.003 + 2 * LOSS_FLOOR * 2.6)) == [52]  # 2 floors high: fires
+    assert fired(LossRule(3.0, 20, 5, first=2.6), [0.003] * 20 + [0.010] * 3) == []  # resumed: the start's floor
+    assert fired(LossRule(3.0, 20, 5), [0.003] * 20 + [0.010] * 3) == [22]  # without it, 0.003 is the start
+
+    model, batch = probe_model(tmp_path)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0)
+    cfg = GuardConfig(mode="warn", every=1000)
+    guard = Stability(cfg, model, optimizer, scheduler, all_reduce=lambda t, op: t)
+    guard.start("seq2seq", batch)
+    for step, loss in enumerate(losses(0.003)[:40], 1):
+        guard.after_step(step, 1e-3, True, loss, ("loss/seq2seq",))
+    resumed = Stability(cfg, model, optimizer, scheduler, all_reduce=lambda t, op: t)
+    resumed.load_state_dict(guard.state_dict())
+    resumed.start("seq2seq", batch)
+    actions = [resumed.after_step(step, 1e-3, True, loss, ("loss/seq2seq",))[1]
+               for step, loss in enumerate([0.003] * 20 + [0.010] * 3, 41)]
+    assert not any(actions)
 
 
 def test_recover_rolls_a_blow_up_in_the_first_steps_back_to_the_start(tmp_path):
