@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence, Type, TypeVar
 
 import yaml
+import omegaconf
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf._utils import get_omega_conf_dumper  # OmegaConf.to_yaml's own dumper, without its node wrapping
 from omegaconf.errors import OmegaConfBaseException
@@ -38,7 +39,11 @@ def _by_norm(values: Any, *, _root_: DictConfig) -> Any:
 
 
 if not OmegaConf.has_resolver("by_norm"):
-    OmegaConf.register_new_resolver("by_norm", _by_norm)
+    # omegaconf 2.4 renamed register_new_resolver, which now warns on every import; in 2.3 register_resolver
+    # is the deprecated 2.0 API, with other semantics
+    register = (OmegaConf.register_resolver if tuple(int(p) for p in omegaconf.__version__.split(".")[:2]) >= (2, 4)
+                else OmegaConf.register_new_resolver)
+    register("by_norm", _by_norm)
 
 
 def build(cls: Type[T], *sources: Any, where: str = "config") -> T:

@@ -137,3 +137,17 @@ def test_to_dict_and_yaml_are_omegaconfs_own(path):
     assert repr(ours) == repr(reference) and isinstance(ours["optim"]["lr"], float)
     assert yaml_text(ours) == OmegaConf.to_yaml(OmegaConf.create(reference))
     assert OmegaConf.to_container(OmegaConf.create(yaml_text(ours))) == ours  # read back as written
+
+
+def test_importing_the_config_warns_about_nothing():
+    """The ``by_norm`` resolver registers through the installed omegaconf's own API (2.4 renamed
+    ``register_new_resolver``, deprecating it; in 2.3 ``register_resolver`` is the deprecated 2.0 API):
+    every ``foundation`` command imports this, so a deprecation here is a warning on every run."""
+    import subprocess
+    import sys
+
+    code = ("from omegaconf import OmegaConf\nimport foundation.config\n"
+            "c = OmegaConf.create({'backbone': {'norm': 'preln'}, 'lr': '${by_norm:{magneto: 5, preln: 3}}'})\n"
+            "assert c.lr == 3, c.lr\n")
+    done = subprocess.run([sys.executable, "-W", "error", "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
