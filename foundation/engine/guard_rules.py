@@ -73,16 +73,18 @@ class LossRule:
         self.last: deque[float] = deque(maxlen=LOSS_STEPS)
         self.first: Optional[float] = None
         if first is not None:  # a resumed run's: the floor of its start
-            self.first, self.guard.floor = first, LOSS_FLOOR * abs(first)
+            self.start(first)
 
     @property
     def firing(self) -> bool:
         return self.guard.firing
 
+    def start(self, first: float) -> None:
+        self.first, self.guard.floor = first, LOSS_FLOOR * abs(first)
+
     def check(self, step: int, loss: float) -> Optional[dict[str, float]]:
         if self.first is None and math.isfinite(loss):
-            self.first = loss
-            self.guard.floor = LOSS_FLOOR * abs(loss)
+            self.start(loss)
         self.last.append(loss)
         return self.guard.check(step, statistics.median(self.last), 0.0)
 
